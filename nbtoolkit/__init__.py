@@ -1,0 +1,132 @@
+"""nbtoolkit: see why PyTorch training is slow or out of memory, fix it, and measure the fix.
+
+In a notebook::
+
+    %load_ext nbtoolkit
+    %nbt help
+
+In Python, every feature is a plain function (``nbt.load_trace``, ``nbt.profile``,
+``nbt.capture_graphs``, ``nbt.memory_timeline``, ``nbt.optimize``, ``nbt.Cluster`` ...).
+
+Public names are resolved lazily (PEP 562): ``import nbtoolkit`` and
+``%load_ext nbtoolkit`` import neither torch, ray, deepspeed, plotly nor holoviews;
+each name's module is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import (
+    CaptureError,
+    ClusterError,
+    CompileLogError,
+    MetricsError,
+    NbtError,
+    NbtUsageError,
+    PlanError,
+    SnapshotError,
+    TraceError,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it. One line per public name; keep sorted by name.
+_LAZY_EXPORTS: dict[str, str] = {
+    "Cluster": "nbtoolkit.cluster.cluster",
+    "Comparison": "nbtoolkit.model.comparison",
+    "GraphReport": "nbtoolkit.model.graphs",
+    "Measurement": "nbtoolkit.model.comparison",
+    "MemorySnapshot": "nbtoolkit.model.snapshot",
+    "MemoryTimeline": "nbtoolkit.model.memory",
+    "RecomputePlan": "nbtoolkit.model.plan",
+    "StepMetrics": "nbtoolkit.model.metrics",
+    "Trace": "nbtoolkit.model.trace",
+    "capture_graphs": "nbtoolkit.capture.graphs",
+    "comm_comp_overlap": "nbtoolkit.analysis.overlap",
+    "compare": "nbtoolkit.analysis.diff",
+    "idle_breakdown": "nbtoolkit.analysis.breakdown",
+    "kernel_breakdown": "nbtoolkit.analysis.breakdown",
+    "load_compile_log": "nbtoolkit.io.compile_log",
+    "load_memory_snapshot": "nbtoolkit.io.snapshot",
+    "load_trace": "nbtoolkit.io.kineto",
+    "memory_timeline": "nbtoolkit.capture.memory",
+    "optimize": "nbtoolkit.optimizations.apply",
+    "plan_recompute": "nbtoolkit.optimizations.recompute",
+    "profile": "nbtoolkit.capture.profiler",
+    "report": "nbtoolkit.views.report",
+    "step_metrics": "nbtoolkit.capture.step_metrics",
+    "stragglers": "nbtoolkit.analysis.stragglers",
+    "temporal_breakdown": "nbtoolkit.analysis.breakdown",
+}
+
+__all__ = sorted(
+    [
+        "CaptureError",
+        "ClusterError",
+        "CompileLogError",
+        "MetricsError",
+        "NbtError",
+        "NbtUsageError",
+        "PlanError",
+        "SnapshotError",
+        "TraceError",
+        "__version__",
+        "load_ipython_extension",
+        "unload_ipython_extension",
+        *_LAZY_EXPORTS,
+    ]
+)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY_EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'nbtoolkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # cache: the next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_EXPORTS))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%nbt`` / ``%%nbt``. Imports only the light magic layer."""
+    from nbtoolkit.magics._dispatch import register_magics
+
+    register_magics(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove ``%nbt`` / ``%%nbt`` again."""
+    from nbtoolkit.magics._dispatch import unregister_magics
+
+    unregister_magics(ipython)
+
+
+if TYPE_CHECKING:  # give type checkers and IDEs the real names
+    from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.analysis.diff import compare
+    from nbtoolkit.analysis.overlap import comm_comp_overlap
+    from nbtoolkit.analysis.stragglers import stragglers
+    from nbtoolkit.capture.graphs import capture_graphs
+    from nbtoolkit.capture.memory import memory_timeline
+    from nbtoolkit.capture.profiler import profile
+    from nbtoolkit.capture.step_metrics import step_metrics
+    from nbtoolkit.cluster.cluster import Cluster
+    from nbtoolkit.io.compile_log import load_compile_log
+    from nbtoolkit.io.kineto import load_trace
+    from nbtoolkit.io.snapshot import load_memory_snapshot
+    from nbtoolkit.model.comparison import Comparison, Measurement
+    from nbtoolkit.model.graphs import GraphReport
+    from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.metrics import StepMetrics
+    from nbtoolkit.model.plan import RecomputePlan
+    from nbtoolkit.model.snapshot import MemorySnapshot
+    from nbtoolkit.model.trace import Trace
+    from nbtoolkit.optimizations.apply import optimize
+    from nbtoolkit.optimizations.recompute import plan_recompute
+    from nbtoolkit.views.report import report

@@ -1,0 +1,75 @@
+"""The exception tree of nbtoolkit.
+
+Every error a user can cause derives from :class:`NbtError`, so that
+``except nbt.NbtError`` catches all of ours and nothing of anyone else's.
+Messages state the problem (with the offending value or path) and what to do.
+
+    NbtError
+    ├── NbtUsageError     bad arguments to a public function or magic
+    ├── TraceError        a profiler trace that cannot be read or analysed
+    ├── CompileLogError   a TORCH_TRACE log that cannot be read
+    ├── CaptureError      code run under an instrument failed to produce a result
+    ├── SnapshotError     a memory snapshot that cannot be read (or is unsafe)
+    ├── PlanError         no recomputation plan satisfies the request
+    ├── MetricsError      FLOPs / MFU cannot be computed for this step
+    └── ClusterError      the cluster or one of its ranks failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "ClusterError",
+    "CompileLogError",
+    "MetricsError",
+    "NbtError",
+    "NbtUsageError",
+    "PlanError",
+    "SnapshotError",
+    "TraceError",
+]
+
+
+class NbtError(Exception):
+    """Base class of every error nbtoolkit raises on purpose.
+
+    In IPython the error shows as one line (``TraceError: <message>``) rather than a
+    traceback through nbtoolkit's internals: the message already says what to do.
+    Scripts still get a normal exception.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook for custom exception display (used by ipyparallel too).
+        return [f"{type(self).__name__}: {self}"]
+
+
+class NbtUsageError(NbtError, ValueError):
+    """A public function or magic was called with arguments it cannot use."""
+
+
+class TraceError(NbtError):
+    """A profiler trace is missing, corrupt, or not a trace."""
+
+
+class CompileLogError(NbtError):
+    """A TORCH_TRACE structured compile log is missing or unreadable."""
+
+
+class CaptureError(NbtError):
+    """Code run under an nbtoolkit instrument did not produce a usable result."""
+
+
+class SnapshotError(NbtError):
+    """A memory snapshot is missing, corrupt, or tries to run code."""
+
+
+class PlanError(NbtError):
+    """No activation-recomputation plan can meet the request."""
+
+
+class MetricsError(NbtError):
+    """Step metrics (FLOPs, MFU) cannot be computed."""
+
+
+class ClusterError(NbtError):
+    """The cluster, or one of its ranks, failed."""

@@ -1,0 +1,151 @@
+"""Subcommand registry of ``%nbt``: how a feature plugs into the magic without touching the dispatcher.
+
+A subcommand module does::
+
+    from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+
+    def _overlap(args, call: MagicCall):
+        from nbtoolkit.analysis.overlap import comm_comp_overlap   # heavy import inside
+        return comm_comp_overlap(call.resolve(args.traces))
+
+    register(Subcommand(
+        name="overlap",
+        summary="comm/compute overlap per rank of saved traces or a Trace variable",
+        mode="line",
+        arguments=(Argument("traces", help="a trace file, a folder of per-rank traces, or a variable"),),
+        handler=_overlap,
+    ))
+
+The handler's return value is stored in the user namespace under ``--name``
+(default ``_nbt``; every subcommand gets ``--name``) and displayed, unless it is None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["Argument", "MagicCall", "Subcommand", "all_subcommands", "get_subcommand", "register"]
+
+Mode = Literal["line", "cell", "both"]
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One ``argparse.add_argument`` call: positional flags plus keyword options."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+    def __init__(self, *flags: str, **options: Any) -> None:
+        object.__setattr__(self, "flags", flags)
+        object.__setattr__(self, "options", options)
+
+
+@dataclass
+class MagicCall:
+    """What a handler gets besides its parsed arguments: the shell, the cell, helpers."""
+
+    shell: Any
+    line: str
+    cell: str | None
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        ns: dict[str, Any] = self.shell.user_ns
+        return ns
+
+    def resolve(self, name_or_path: str) -> Any:
+        """A user variable of that name if there is one, else the string as a Path."""
+        if name_or_path.isidentifier() and name_or_path in self.user_ns:
+            return self.user_ns[name_or_path]
+        return Path(name_or_path).expanduser()
+
+    def lookup(self, name: str, what: str = "variable") -> Any:
+        """A user variable that must exist; a clear usage error when it does not."""
+        from nbtoolkit.errors import NbtUsageError
+
+        if name not in self.user_ns:
+            raise NbtUsageError(f"no {what} named {name!r} in the notebook: define it first")
+        return self.user_ns[name]
+
+    def cell_function(self) -> Callable[[], Any]:
+        """A zero-argument callable that runs the cell body in the user namespace.
+
+        It returns the value of the last expression (like a cell does), so that
+        ``%%nbt profile`` can show both the profile and what the cell computed.
+        IPython syntax in the cell (``!cmd``, ``%magic``) is transformed first.
+        """
+        source = self.shell.transform_cell(self.cell or "")
+        tree = ast.parse(source, filename="<nbt-cell>")
+        last_expr = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last_expr = ast.Expression(tree.body.pop().value)
+        body = compile(tree, "<nbt-cell>", "exec")
+        tail = compile(last_expr, "<nbt-cell>", "eval") if last_expr is not None else None
+        user_ns = self.user_ns
+
+        def run_cell() -> Any:
+            exec(body, user_ns)  # noqa: S102 - running the user's own cell is the point
+            return eval(tail, user_ns) if tail is not None else None  # noqa: S307 - same
+
+        return run_cell
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A ``%nbt`` subcommand: its name, one-line summary, arguments and handler."""
+
+    name: str
+    summary: str
+    handler: Callable[[argparse.Namespace, MagicCall], Any]
+    mode: Mode = "line"
+    arguments: Sequence[Argument] = field(default_factory=tuple)
+    description: str = ""
+    store_result: bool = True
+
+    @property
+    def prefix(self) -> str:
+        return {"line": "%nbt", "cell": "%%nbt", "both": "%nbt / %%nbt"}[self.mode]
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        from nbtoolkit.magics._parser import MagicArgumentParser
+
+        parser = MagicArgumentParser(
+            prog=f"{self.prefix.split(' ')[0]} {self.name}",
+            description=self.description or self.summary,
+            add_help=False,
+        )
+        for argument in self.arguments:
+            parser.add_argument(*argument.flags, **argument.options)
+        if self.store_result:
+            parser.add_argument(
+                "--name",
+                default="_nbt",
+                help="store the result in this notebook variable (default: _nbt)",
+            )
+        return parser
+
+    def usage(self) -> str:
+        return self.build_parser().format_usage().strip()
+
+
+_SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def register(subcommand: Subcommand) -> Subcommand:
+    """Add a subcommand. Registering a name twice replaces the first (handy when reloading)."""
+    _SUBCOMMANDS[subcommand.name] = subcommand
+    return subcommand
+
+
+def get_subcommand(name: str) -> Subcommand | None:
+    return _SUBCOMMANDS.get(name)
+
+
+def all_subcommands() -> list[Subcommand]:
+    return [_SUBCOMMANDS[name] for name in sorted(_SUBCOMMANDS)]

@@ -1,0 +1,1 @@
+"""Views: figures, widgets and HTML for model objects. Plotting libraries are imported inside functions."""
