@@ -1,0 +1,63 @@
+"""Fixtures shared by every test.
+
+The autouse fixture ``no_instrument_left_active`` asserts after each test that nothing
+nbtoolkit may have turned on is still on: the torch profiler, global module hooks,
+Python-level profilers/tracers, and the structured-trace log handlers. A capture that
+forgets to clean up on an exception fails the test that exercised it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """../shared/fixtures, the real traces, snapshots and compile logs from GPU runs."""
+    if not FIXTURES.is_dir():
+        pytest.fail(f"real-data fixtures not found at {FIXTURES}: check out shared/ beside the project")
+    return FIXTURES
+
+
+def _torch_instrument_state() -> dict[str, object]:
+    torch = sys.modules.get("torch")
+    if torch is None:  # torch never imported: nothing of it can be active
+        return {}
+    from torch.nn.modules import module as nn_module
+
+    state: dict[str, object] = {
+        "profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
+        "global_forward_hooks": len(nn_module._global_forward_hooks),
+        "global_forward_pre_hooks": len(nn_module._global_forward_pre_hooks),
+        "global_backward_hooks": len(nn_module._global_backward_hooks),
+        "global_backward_pre_hooks": len(getattr(nn_module, "_global_backward_pre_hooks", {})),
+    }
+    return state
+
+
+def _logging_state() -> dict[str, object]:
+    names = ["torch._logging.structured", "torch.__trace", "torch._dynamo", "torch._inductor"]
+    return {name: tuple(logging.getLogger(name).handlers) for name in names}
+
+
+@pytest.fixture(autouse=True)
+def no_instrument_left_active() -> Iterator[None]:
+    before_torch = _torch_instrument_state()
+    before_logging = _logging_state()
+    before_profile = sys.getprofile()
+    before_trace = sys.gettrace()
+    yield
+    after_torch = _torch_instrument_state()
+    leaked = {k: v for k, v in after_torch.items() if before_torch.get(k, 0 if k != "profiler_enabled" else False) != v}
+    assert not leaked, f"an instrument was left active after the test: {leaked}"
+    assert _logging_state() == before_logging, "log handlers were added or removed and not restored"
+    assert sys.getprofile() is before_profile, "a Python profiler was left installed (sys.setprofile)"
+    assert sys.gettrace() is before_trace, "a Python tracer was left installed (sys.settrace)"
