@@ -61,23 +61,46 @@ _LAZY_EXPORTS: dict[str, str] = {
     "temporal_breakdown": "nbtoolkit.analysis.breakdown",
 }
 
-__all__ = sorted(
-    [
-        "CaptureError",
-        "ClusterError",
-        "CompileLogError",
-        "MetricsError",
-        "NbtError",
-        "NbtUsageError",
-        "PlanError",
-        "SnapshotError",
-        "TraceError",
-        "__version__",
-        "load_ipython_extension",
-        "unload_ipython_extension",
-        *_LAZY_EXPORTS,
-    ]
-)
+# Sorted; a test checks that it is sorted and covers every name of _LAZY_EXPORTS.
+__all__ = [
+    "CaptureError",
+    "Cluster",
+    "ClusterError",
+    "Comparison",
+    "CompileLogError",
+    "GraphReport",
+    "Measurement",
+    "MemorySnapshot",
+    "MemoryTimeline",
+    "MetricsError",
+    "NbtError",
+    "NbtUsageError",
+    "PlanError",
+    "RecomputePlan",
+    "SnapshotError",
+    "StepMetrics",
+    "Trace",
+    "TraceError",
+    "__version__",
+    "capture_graphs",
+    "comm_comp_overlap",
+    "compare",
+    "idle_breakdown",
+    "kernel_breakdown",
+    "load_compile_log",
+    "load_ipython_extension",
+    "load_memory_snapshot",
+    "load_trace",
+    "memory_timeline",
+    "optimize",
+    "plan_recompute",
+    "profile",
+    "report",
+    "step_metrics",
+    "stragglers",
+    "temporal_breakdown",
+    "unload_ipython_extension",
+]
 
 
 def __getattr__(name: str) -> Any:

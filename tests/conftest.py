@@ -56,7 +56,8 @@ def no_instrument_left_active() -> Iterator[None]:
     before_trace = sys.gettrace()
     yield
     after_torch = _torch_instrument_state()
-    leaked = {k: v for k, v in after_torch.items() if before_torch.get(k, 0 if k != "profiler_enabled" else False) != v}
+    defaults: dict[str, object] = {"profiler_enabled": False}
+    leaked = {k: v for k, v in after_torch.items() if before_torch.get(k, defaults.get(k, 0)) != v}
     assert not leaked, f"an instrument was left active after the test: {leaked}"
     assert _logging_state() == before_logging, "log handlers were added or removed and not restored"
     assert sys.getprofile() is before_profile, "a Python profiler was left installed (sys.setprofile)"

@@ -1,1 +1,1 @@
-"""Capture: run code under an instrument (profiler, compile events, memory recorder) and return model objects."""
+"""Capture: run code under an instrument (profiler, compile events, memory) and return model objects."""

@@ -87,19 +87,23 @@ def dispatch(shell: Any, line: str, cell: str | None = None) -> Any:
 
 def _check_mode(sub: Subcommand, cell: str | None) -> None:
     if sub.mode == "line" and cell is not None:
-        raise _usage_error(f"`{sub.name}` is a line magic: use `%nbt {sub.name} ...`, not `%%nbt`\n{sub.usage()}")
+        raise _usage_error(
+            f"`{sub.name}` is a line magic: use `%nbt {sub.name} ...`, not `%%nbt`\n{sub.usage()}"
+        )
     if sub.mode == "cell" and cell is None:
-        raise _usage_error(f"`{sub.name}` runs a cell: use `%%nbt {sub.name}` at the top of the cell\n{sub.usage()}")
+        raise _usage_error(
+            f"`{sub.name}` runs a cell: use `%%nbt {sub.name}` at the top of the cell\n{sub.usage()}"
+        )
 
 
 def _make_magics_class() -> type:
     from IPython.core.magic import Magics, line_cell_magic, magics_class
 
     @magics_class
-    class NbtMagics(Magics):  # type: ignore[misc]  # IPython's Magics is untyped
+    class NbtMagics(Magics):
         """The ``%nbt`` / ``%%nbt`` magic; run ``%nbt help``."""
 
-        @line_cell_magic  # type: ignore[untyped-decorator]  # IPython decorator is untyped
+        @line_cell_magic
         def nbt(self, line: str, cell: str | None = None) -> Any:
             return dispatch(self.shell, line, cell)
 

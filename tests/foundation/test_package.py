@@ -1,0 +1,80 @@
+"""The package's public surface: the exception tree, the sorted lazy __all__, fast import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import nbtoolkit as nbt
+from nbtoolkit.model._result import Result, escape, html_table
+
+HEAVY = ["torch", "ray", "deepspeed", "plotly", "holoviews", "datashader", "pandas", "pyarrow"]
+
+
+def test_all_is_sorted_unique_and_covers_the_lazy_map() -> None:
+    assert nbt.__all__ == sorted(set(nbt.__all__))
+    assert set(nbt._LAZY_EXPORTS) <= set(nbt.__all__)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'not_a_thing'"):
+        nbt.not_a_thing
+
+
+def test_every_error_derives_from_nbterror() -> None:
+    errors = [nbt.TraceError, nbt.CompileLogError, nbt.SnapshotError, nbt.PlanError,
+              nbt.ClusterError, nbt.CaptureError, nbt.MetricsError, nbt.NbtUsageError]
+    for error in errors:
+        assert issubclass(error, nbt.NbtError)
+    # IPython shows our errors as one line, not as a traceback through nbtoolkit's internals.
+    assert nbt.TraceError("bad file x.json")._render_traceback_() == ["TraceError: bad file x.json"]
+
+
+def _modules_after(code: str) -> dict[str, bool]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_and_load_ext_import_nothing_heavy() -> None:
+    loaded = _modules_after(
+        "import nbtoolkit\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shell = InteractiveShell.instance()\n"
+        "shell.run_line_magic('load_ext', 'nbtoolkit')\n"
+        "from nbtoolkit.magics._dispatch import help_text\n"
+        "help_text()\n"
+    )
+    heavy = [name for name, present in loaded.items() if present]
+    assert not heavy, f"%load_ext nbtoolkit imported heavy modules: {heavy}"
+
+
+class _Sample(Result):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _text(self) -> str:
+        return f"Sample {self.name}"
+
+    def _html(self) -> str:
+        return f"<b>{escape(self.name)}</b>"
+
+
+def test_result_bundle_always_has_plain_text_and_escapes_html() -> None:
+    bundle = _Sample("<script>alert(1)</script>")._repr_mimebundle_()
+    assert bundle["text/plain"] == "Sample <script>alert(1)</script>"
+    assert "<script>" not in bundle["text/html"]
+    assert "&lt;script&gt;" in bundle["text/html"]
+    assert repr(_Sample("x")) == "Sample x"
+
+
+def test_html_table_escapes_cells_and_headers() -> None:
+    pd = pytest.importorskip("pandas", reason="pandas is a core dependency; missing means a broken install")
+    frame = pd.DataFrame({"<th>": ["<img src=x onerror=alert(1)>", "ok"], "n": [1234567, 2]})
+    html = html_table(frame)
+    assert "<img" not in html and "&lt;img" in html
+    assert "&lt;th&gt;" in html
+    assert "1,234,567" in html
