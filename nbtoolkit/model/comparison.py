@@ -1,0 +1,254 @@
+"""Measurements of a training step and a before/after comparison of two of them.
+
+A :class:`Measurement` is what :func:`nbtoolkit.optimizations.measure.measure_step`
+records for one configuration of a model: the median step time with its spread,
+the peak memory (total and by torch's memory categories), the compile time and
+graph breaks when the model was compiled, and the losses the steps returned.
+A :class:`Comparison` holds two of them (``before`` and ``after``) plus what was
+changed, and shows them side by side.
+
+Both are plain data: they import neither torch nor widgets, and save/load as JSON.
+
+Room for more step metrics: ``Measurement.extra`` is an open mapping (for example
+``{"model_flops": 1.2e9, "mfu": 0.41}``, added by ``nbt.step_metrics``). Every entry is
+shown as one more row of :meth:`Comparison.table`; numbers are compared like the
+built-in rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.model._result import Result, escape, html_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Comparison", "Measurement", "format_bytes", "format_seconds"]
+
+
+def format_bytes(n: float | None) -> str:
+    """Bytes in binary units with the unit named: ``1.50 MiB``."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "-"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{sign}{value:,.0f} {unit}" if unit == "B" else f"{sign}{value:,.2f} {unit}"
+        value /= 1024
+    return f"{sign}{value:,.2f} TiB"  # pragma: no cover - loop always returns
+
+
+def format_seconds(s: float | None) -> str:
+    """Seconds with the unit that reads best: ``12.3 ms``, ``1.20 s``, ``85 µs``."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    magnitude = abs(s)
+    if magnitude >= 1:
+        return f"{s:,.2f} s"
+    if magnitude >= 1e-3:
+        return f"{s * 1e3:,.1f} ms"
+    return f"{s * 1e6:,.0f} µs"
+
+
+@dataclass
+class Measurement:
+    """One measured configuration of a training step.
+
+    Attributes:
+        label: what was measured (``"before"``, ``"after"``, or a name you give).
+        step_time_s: median wall time of one step over ``step_times_s`` (seconds), after warm-up.
+        step_time_spread_s: interquartile range (75th minus 25th percentile) of ``step_times_s``.
+        step_times_s: every timed step (seconds), in order.
+        peak_bytes: peak of live CPU/GPU tensor bytes during one step, relative to the bytes
+            already live before the step started (parameters, optimizer state and gradients that
+            persist between steps are included only when the step allocates them anew), measured
+            from the allocator's own counter under ``torch.profiler(profile_memory=True)``.
+        resident_bytes: bytes live when the step started (parameters, optimizer state, ...).
+        peak_by_category: bytes per torch memory category (``torch.profiler._memory_profiler``:
+            PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL,
+            unknown) alive at the moment of the peak. Empty when it was not measured.
+        compile_time_s: time the first (warm-up) steps took beyond the steady median step time
+            (seconds), when the model was compiled; None otherwise.
+        graph_count: graphs torch.compile produced during the measurement; None if not compiled.
+        graph_breaks: graph breaks torch.compile reported during the measurement; None if not compiled.
+        break_reasons: graph-break reason -> count.
+        losses: the value each step returned (as float), warm-up steps included, in order.
+        config: what was applied (compile options, recomputed blocks, AMP dtype).
+        extra: further metrics (for example ``model_flops``, ``mfu``); each is one row of the table.
+    """
+
+    label: str
+    step_time_s: float
+    step_time_spread_s: float
+    step_times_s: list[float] = field(default_factory=list)
+    peak_bytes: int = 0
+    resident_bytes: int = 0
+    peak_by_category: dict[str, int] = field(default_factory=dict)
+    compile_time_s: float | None = None
+    graph_count: int | None = None
+    graph_breaks: int | None = None
+    break_reasons: dict[str, int] = field(default_factory=dict)
+    losses: list[float | None] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float | None:
+        """The last loss a step returned, or None when the step returns nothing."""
+        for value in reversed(self.losses):
+            if value is not None:
+                return value
+        return None
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        """(metric, raw value, shown value) for the table; ``extra`` entries come last."""
+        rows: list[tuple[str, Any, str]] = [
+            ("step time (median)", self.step_time_s, format_seconds(self.step_time_s)),
+            ("step time spread (IQR)", self.step_time_spread_s, format_seconds(self.step_time_spread_s)),
+            ("peak memory", self.peak_bytes, format_bytes(self.peak_bytes)),
+        ]
+        for category, nbytes in sorted(self.peak_by_category.items()):
+            rows.append((f"  at peak: {category}", nbytes, format_bytes(nbytes)))
+        rows.append(("compile time", self.compile_time_s, format_seconds(self.compile_time_s)))
+        rows.append(("graphs", self.graph_count, "-" if self.graph_count is None else str(self.graph_count)))
+        rows.append(
+            ("graph breaks", self.graph_breaks, "-" if self.graph_breaks is None else str(self.graph_breaks))
+        )
+        final = self.final_loss
+        rows.append(("final loss", final, "-" if final is None else f"{final:.6g}"))
+        for key, value in self.extra.items():
+            shown = f"{value:,.4g}" if isinstance(value, (int, float)) else str(value)
+            rows.append((str(key), value, shown))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _change(before: Any, after: Any) -> str:
+    """after/before as a ratio (``0.62×``) for positive numbers; blank otherwise."""
+    if isinstance(before, bool) or isinstance(after, bool):
+        return ""
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and before > 0:
+        return f"{after / before:.2f}×"
+    return ""
+
+
+@dataclass(repr=False)  # the Result mixin's repr (the table) must win over dataclass's
+class Comparison(Result):
+    """A step measured before and after a change, shown side by side.
+
+    ``changes`` lists in words what was applied (``"torch.compile(mode='default')"``,
+    ``"checkpoint 3 blocks: layers.0, ..."``, ``"autocast bf16"``). ``plan`` is the
+    :class:`~nbtoolkit.model.plan.RecomputePlan` used, if any (not saved by :meth:`save`).
+    """
+
+    before: Measurement
+    after: Measurement
+    changes: list[str] = field(default_factory=list)
+    plan: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        """before step time / after step time (above 1 means faster)."""
+        return self.before.step_time_s / self.after.step_time_s if self.after.step_time_s > 0 else math.nan
+
+    @property
+    def memory_ratio(self) -> float:
+        """after peak / before peak (below 1 means less memory)."""
+        return self.after.peak_bytes / self.before.peak_bytes if self.before.peak_bytes > 0 else math.nan
+
+    def table(self) -> pd.DataFrame:
+        """One row per metric: ``metric``, ``before``, ``after``, ``change`` (after/before)."""
+        import pandas as pd
+
+        before = {name: (raw, shown) for name, raw, shown in self.before.rows()}
+        after = {name: (raw, shown) for name, raw, shown in self.after.rows()}
+        names = list(before)
+        names += [n for n in after if n not in before]
+        records = []
+        for name in names:
+            b_raw, b_shown = before.get(name, (None, "-"))
+            a_raw, a_shown = after.get(name, (None, "-"))
+            records.append(
+                {"metric": name, "before": b_shown, "after": a_shown, "change": _change(b_raw, a_raw)}
+            )
+        return pd.DataFrame.from_records(records, columns=["metric", "before", "after", "change"])
+
+    def _summary(self) -> str:
+        return (
+            f"step time {format_seconds(self.before.step_time_s)} -> {format_seconds(self.after.step_time_s)}"
+            f" ({self.speedup:.2f}× speed), peak {format_bytes(self.before.peak_bytes)} -> "
+            f"{format_bytes(self.after.peak_bytes)} ({self.memory_ratio:.2f}× memory)"
+        )
+
+    def _text(self) -> str:
+        frame = self.table()
+        lines = [f"Comparison: {self._summary()}"]
+        if self.changes:
+            lines.append("changes: " + "; ".join(self.changes))
+        width = max(len(m) for m in frame["metric"])
+        bw = max(6, *(len(v) for v in frame["before"]))
+        aw = max(5, *(len(v) for v in frame["after"]))
+        lines.append(f"  {'metric':<{width}}  {'before':>{bw}}  {'after':>{aw}}  change")
+        lines.extend(
+            f"  {row.metric:<{width}}  {row.before:>{bw}}  {row.after:>{aw}}  {row.change}"
+            for row in frame.itertuples(index=False)
+        )
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        parts = [f"<div class='nbt-comparison'><p><b>Comparison</b>: {escape(self._summary())}</p>"]
+        if self.changes:
+            parts.append("<p>changes: " + "; ".join(escape(c) for c in self.changes) + "</p>")
+        parts.append(html_table(self.table(), max_rows=100))
+        parts.extend(f"<p><i>note: {escape(n)}</i></p>" for n in self.notes)
+        parts.append("</div>")
+        return "".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "changes": list(self.changes),
+            "notes": list(self.notes),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the comparison as JSON (the plan object is not included)."""
+        target = Path(path)
+        target.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> Comparison:
+        from nbtoolkit.errors import NbtUsageError
+
+        source = Path(path)
+        try:
+            data = json.loads(source.read_text())
+            return cls(
+                before=Measurement.from_dict(data["before"]),
+                after=Measurement.from_dict(data["after"]),
+                changes=list(data.get("changes", [])),
+                notes=list(data.get("notes", [])),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NbtUsageError(
+                f"cannot read a saved Comparison from {str(source)!r}: {exc}; pass a file written by "
+                "Comparison.save()"
+            ) from None
