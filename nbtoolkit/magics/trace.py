@@ -1,0 +1,78 @@
+"""``%%nbt profile``, ``%nbt overlap`` and ``%nbt trace``: thin magics over the trace API."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+
+
+def _as_trace(value: Any) -> Any:
+    """A Trace variable as it is; anything else (a path) through load_trace."""
+    from nbtoolkit.io.kineto import load_trace
+    from nbtoolkit.model.trace import Trace
+
+    return value if isinstance(value, Trace) else load_trace(value)
+
+
+def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.capture.profiler import profile
+
+    return profile(
+        call.cell_function(),
+        steps=args.steps,
+        warmup=args.warmup,
+        profile_memory=args.memory,
+        record_shapes=args.shapes,
+    )
+
+
+def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.views.trace_views import OverlapView
+
+    return OverlapView.of(_as_trace(call.resolve(args.traces)))
+
+
+def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.views.trace_views import TraceReport
+
+    return TraceReport.of(_as_trace(call.resolve(args.traces)))
+
+
+_TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
+
+register(
+    Subcommand(
+        name="profile",
+        summary="run the cell under torch.profiler (one ProfilerStep per run) and show the Trace",
+        mode="cell",
+        arguments=(
+            Argument("--steps", type=int, default=3, help="profiled runs of the cell (default 3)"),
+            Argument("--warmup", type=int, default=1, help="unprofiled runs first (default 1)"),
+            Argument("--memory", action="store_true", help="also record memory allocations (profile_memory)"),
+            Argument("--shapes", action="store_true", help="also record input shapes (record_shapes)"),
+        ),
+        handler=_profile,
+    )
+)
+
+register(
+    Subcommand(
+        name="overlap",
+        summary="comm/compute overlap per rank (HTA's definition; gloo on CPU) of traces or a Trace",
+        mode="line",
+        arguments=(_TRACES,),
+        handler=_overlap,
+    )
+)
+
+register(
+    Subcommand(
+        name="trace",
+        summary="timeline, steps, breakdowns and overlap of traces or a Trace variable",
+        mode="line",
+        arguments=(_TRACES,),
+        handler=_trace,
+    )
+)

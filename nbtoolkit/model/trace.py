@@ -1,0 +1,372 @@
+"""``Trace``: the events of one or many ranks of a PyTorch profiler (Kineto) trace.
+
+A Trace holds, per rank, one columnar pandas frame of complete ("X") events and the
+rank's metadata. Names and categories are interned as pandas categoricals, so a
+trace with hundreds of thousands of events stays small. Times are kept exactly as the
+Chrome trace format gives them: microseconds, as float64 (Kineto writes ns-resolution
+traces as fractional microseconds).
+
+Columns of ``trace.events[rank]`` (one row per complete event, sorted by ``ts``):
+
+==============  ========  =========================================================
+ts              float64   start, µs (trace clock; not aligned across ranks)
+dur             float64   duration, µs
+name            category  operator / kernel / annotation name
+cat             category  Kineto category (cpu_op, kernel, gpu_memcpy, cuda_runtime ...)
+pid, tid        int64     process and thread (GPU events: device and stream lane); -1 if not numeric
+stream          int64     GPU stream (``args.stream``), -1 for host events
+device          int64     device index (``args.device``), -1 when absent
+correlation     int64     links a kernel to its launching runtime call, -1 when absent
+external_id     int64     links GPU work to the CPU operator, -1 when absent
+==============  ========  =========================================================
+
+``trace.collectives[rank]`` has one row per event that carries collective metadata
+(``Collective name`` and friends, written by ``record_param_comms`` and NCCL kernels):
+``row`` (index into the events frame), ``collective``, ``in_msg_nelems``,
+``out_msg_nelems``, ``group_size``, ``dtype``, ``pg_name``, ``pg_desc``, ``pg_ranks``.
+
+``trace.steps`` has one row per ``ProfilerStep#N`` annotation on the host:
+``rank``, ``step``, ``ts``, ``dur`` (µs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import TraceError
+from nbtoolkit.model._result import Result, escape, html_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["RankInfo", "Trace"]
+
+_FORMAT_VERSION = 1
+EVENT_COLUMNS = ("ts", "dur", "name", "cat", "pid", "tid", "stream", "device", "correlation", "external_id")
+COLLECTIVE_COLUMNS = (
+    "row",
+    "collective",
+    "in_msg_nelems",
+    "out_msg_nelems",
+    "group_size",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+)
+
+
+@dataclass
+class RankInfo:
+    """What a trace file says about the rank that wrote it."""
+
+    rank: int
+    world_size: int | None = None
+    backend: str | None = None
+    device_type: str = "cpu"  # cuda, rocm, mtia, gpu (kernels without device properties), cpu
+    device_properties: list[dict[str, Any]] = field(default_factory=list)
+    trace_format: str = "kineto"
+    source: str = ""
+    base_time_ns: int | None = None
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    thread_names: dict[str, str] = field(default_factory=dict)  # "pid:tid" -> name
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "device_type": self.device_type,
+            "device_properties": self.device_properties,
+            "trace_format": self.trace_format,
+            "source": self.source,
+            "base_time_ns": self.base_time_ns,
+            "process_groups": self.process_groups,
+            "thread_names": self.thread_names,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankInfo:
+        return cls(**data)
+
+
+@dataclass(repr=False)  # the repr is Result's text summary, not a dump of the frames
+class Trace(Result):
+    """Events of one or many ranks; see the module docstring for the columns.
+
+    Build one with :func:`nbtoolkit.load_trace` or :func:`nbtoolkit.profile`; analyse it with
+    ``nbt.comm_comp_overlap``, ``nbt.temporal_breakdown``, ``nbt.kernel_breakdown``,
+    ``nbt.idle_breakdown``, ``nbt.stragglers``; save it with :meth:`save`.
+    """
+
+    events: dict[int, pd.DataFrame]
+    info: dict[int, RankInfo]
+    collectives: dict[int, pd.DataFrame] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    value: Any = field(default=None, repr=False)  # what the profiled function returned last (not saved)
+    _steps: pd.DataFrame | None = field(default=None, repr=False)
+
+    # ----------------------------------------------------------------- access
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks present, ascending."""
+        return sorted(self.events)
+
+    def rank_events(self, rank: int) -> pd.DataFrame:
+        """The events frame of one rank (a clear error for a rank that is not there)."""
+        if rank not in self.events:
+            raise TraceError(f"rank {rank} is not in this trace; ranks present: {self.ranks}")
+        return self.events[rank]
+
+    @property
+    def device_type(self) -> str:
+        """The device type of the ranks (``cpu`` when no rank ran GPU/accelerator kernels)."""
+        kinds = {i.device_type for i in self.info.values()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def has_gpu_kernels(self) -> bool:
+        return any(bool((frame["stream"].to_numpy() >= 0).any()) for frame in self.events.values())
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per ``ProfilerStep#N`` on the host: rank, step, ts, dur (µs), sorted."""
+        if self._steps is None:
+            self._steps = _find_steps(self)
+        return self._steps
+
+    def step_times_ms(self) -> pd.DataFrame:
+        """Step times in milliseconds: one row per step, one column per rank."""
+        steps = self.steps
+        table = steps.pivot_table(index="step", columns="rank", values="dur", aggfunc="max") / 1e3
+        table.columns = [f"rank {c}" for c in table.columns]
+        return table
+
+    # ---------------------------------------------------------------- summary
+    def top_operators(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
+        """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
+        import pandas as pd
+
+        from nbtoolkit.analysis._intervals import self_times
+
+        rows = []
+        for r in [rank] if rank is not None else self.ranks:
+            frame = self.rank_events(r)
+            host = frame[frame["stream"].to_numpy() < 0]
+            self_us = self_times(host)
+            ops = host.assign(self_us=self_us)
+            ops = ops[ops["cat"] == "cpu_op"]
+            rows.append(ops[["name", "dur", "self_us"]])
+        if not rows:
+            return pd.DataFrame(columns=["name", "calls", "self_us", "total_us"])
+        ops = pd.concat(rows, ignore_index=True)
+        ops["name"] = ops["name"].astype(str)
+        table = ops.groupby("name", sort=False).agg(
+            calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
+        )
+        table = table.reset_index().sort_values(["self_us", "name"], ascending=[False, True], kind="stable")
+        return table.head(n).reset_index(drop=True)
+
+    def top_kernels(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
+        """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
+        import pandas as pd
+
+        rows = []
+        for r in [rank] if rank is not None else self.ranks:
+            frame = self.rank_events(r)
+            rows.append(frame.loc[frame["stream"].to_numpy() >= 0, ["name", "dur"]])
+        if not rows:
+            return pd.DataFrame(columns=["name", "calls", "total_us", "mean_us"])
+        kernels = pd.concat(rows, ignore_index=True)
+        kernels["name"] = kernels["name"].astype(str)
+        table = kernels.groupby("name", sort=False).agg(
+            calls=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean")
+        )
+        table = table.reset_index().sort_values(["total_us", "name"], ascending=[False, True], kind="stable")
+        return table.head(n).reset_index(drop=True)
+
+    def _header_lines(self) -> list[str]:
+        n_events = sum(len(f) for f in self.events.values())
+        ranks = self.ranks
+        shown = ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+        first = self.info[ranks[0]] if ranks else None
+        lines = [
+            f"Trace: {len(ranks)} rank(s) [{shown}], {n_events:,} events, device {self.device_type}"
+            + (f", backend {first.backend}" if first and first.backend else "")
+            + (f", world size {first.world_size}" if first and first.world_size else ""),
+        ]
+        return lines
+
+    def _notes(self) -> list[str]:
+        notes = list(self.notes)
+        for r in self.ranks:
+            notes += [f"rank {r}: {note}" for note in self.info[r].notes]
+        return notes
+
+    def _text(self) -> str:
+        lines = self._header_lines()
+        steps = self.steps
+        if len(steps):
+            table = self.step_times_ms()
+            lines.append("Step times (ms):")
+            lines += ["  " + line for line in table.round(3).to_string().splitlines()]
+        else:
+            lines.append("Steps: no ProfilerStep#N annotations in the trace")
+        ops = self.top_operators(10)
+        if len(ops):
+            lines.append("Top operators by self CPU time:")
+            for row in ops.itertuples(index=False):
+                lines.append(
+                    f"  {row.self_us / 1e3:10.3f} ms self  {row.total_us / 1e3:10.3f} ms total"
+                    f"  {row.calls:6d} calls  {_short(row.name)}"
+                )
+        if self.has_gpu_kernels:
+            kernels = self.top_kernels(10)
+            lines.append("Top kernels by total time:")
+            for row in kernels.itertuples(index=False):
+                lines.append(f"  {row.total_us / 1e3:10.3f} ms  {row.calls:6d} calls  {_short(row.name)}")
+        notes = self._notes()
+        if notes:
+            lines.append("Notes:")
+            lines += [f"  - {note}" for note in notes]
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        parts = [f"<div class='nbt-trace'><b>{escape(self._header_lines()[0])}</b>"]
+        if len(self.steps):
+            table = self.step_times_ms().round(3).reset_index()
+            parts.append("<p>Step times (ms)</p>" + html_table(table, float_format="{:,.3f}"))
+        ops = self.top_operators(10)
+        if len(ops):
+            ops = ops.assign(self_ms=ops["self_us"] / 1e3, total_ms=ops["total_us"] / 1e3)
+            parts.append(
+                "<p>Top operators by self CPU time</p>"
+                + html_table(ops[["name", "calls", "self_ms", "total_ms"]], float_format="{:,.3f}")
+            )
+        if self.has_gpu_kernels:
+            kernels = self.top_kernels(10)
+            kernels = kernels.assign(total_ms=kernels["total_us"] / 1e3, mean_us=kernels["mean_us"])
+            parts.append(
+                "<p>Top kernels by total time</p>"
+                + html_table(kernels[["name", "calls", "total_ms", "mean_us"]], float_format="{:,.3f}")
+            )
+        notes = self._notes()
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+    # -------------------------------------------------------------- save/load
+    def save(self, path: str | Path) -> Path:
+        """Write the trace to a folder: one Parquet file per rank plus ``trace.json`` metadata."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        for rank, frame in self.events.items():
+            pq.write_table(
+                pa.Table.from_pandas(frame, preserve_index=False), folder / f"rank{rank}.events.parquet"
+            )
+            coll = self.collectives.get(rank)
+            if coll is not None and len(coll):
+                pq.write_table(
+                    pa.Table.from_pandas(coll, preserve_index=False),
+                    folder / f"rank{rank}.collectives.parquet",
+                )
+        meta = {
+            "nbtoolkit_trace": _FORMAT_VERSION,
+            "notes": self.notes,
+            "ranks": [self.info[r].to_json() for r in self.ranks],
+        }
+        (folder / "trace.json").write_text(json.dumps(meta, indent=1, default=str))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        """Read a folder written by :meth:`save`."""
+        import pyarrow.parquet as pq
+
+        folder = Path(path)
+        meta_path = folder / "trace.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except FileNotFoundError:
+            raise TraceError(
+                f"{folder}: no trace.json here; is this a folder written by Trace.save()?"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"{meta_path}: cannot read saved trace metadata ({exc})") from None
+        if meta.get("nbtoolkit_trace") != _FORMAT_VERSION:
+            raise TraceError(
+                f"{meta_path}: not a saved nbtoolkit trace (format {meta.get('nbtoolkit_trace')!r})"
+            )
+        events: dict[int, pd.DataFrame] = {}
+        collectives: dict[int, pd.DataFrame] = {}
+        info: dict[int, RankInfo] = {}
+        for entry in meta["ranks"]:
+            rank_info = RankInfo.from_json(entry)
+            rank = rank_info.rank
+            info[rank] = rank_info
+            try:
+                events[rank] = pq.read_table(folder / f"rank{rank}.events.parquet").to_pandas()
+            except (OSError, ValueError) as exc:
+                raise TraceError(f"{folder}: events of rank {rank} cannot be read ({exc})") from None
+            coll_path = folder / f"rank{rank}.collectives.parquet"
+            collectives[rank] = (
+                pq.read_table(coll_path).to_pandas() if coll_path.exists() else empty_collectives()
+            )
+        return cls(events=events, info=info, collectives=collectives, notes=list(meta.get("notes", [])))
+
+
+def empty_collectives() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame({c: pd.Series(dtype="int64" if c == "row" else "object") for c in COLLECTIVE_COLUMNS})
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _find_steps(trace: Trace) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
+    from nbtoolkit.io.kineto import parse_profiler_step
+
+    frames = []
+    for rank in trace.ranks:
+        frame = trace.events[rank]
+        names = frame["name"]
+        cats = names.cat.categories if hasattr(names, "cat") else pd.Index(names.unique())
+        step_names = [str(c) for c in cats if str(c).startswith("ProfilerStep")]
+        if not step_names:
+            continue
+        host = frame[frame["name"].isin(step_names) & (frame["stream"].to_numpy() < 0)]
+        if not len(host):
+            continue
+        steps = np.array([parse_profiler_step(str(n)) for n in host["name"]], dtype=np.int64)
+        frames.append(
+            pd.DataFrame(
+                {"rank": rank, "step": steps, "ts": host["ts"].to_numpy(), "dur": host["dur"].to_numpy()}
+            )
+        )
+    if not frames:
+        return pd.DataFrame(
+            {
+                "rank": pd.Series(dtype="int64"),
+                "step": pd.Series(dtype="int64"),
+                "ts": pd.Series(dtype="float64"),
+                "dur": pd.Series(dtype="float64"),
+            }
+        )
+    steps_df = pd.concat(frames, ignore_index=True)
+    # A step can be annotated twice on the host (nested record functions); keep the longest.
+    steps_df = steps_df.sort_values(["rank", "step", "dur"]).drop_duplicates(["rank", "step"], keep="last")
+    return steps_df.reset_index(drop=True)

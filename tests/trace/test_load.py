@@ -1,0 +1,119 @@
+"""load_trace on real Kineto traces: ranks, devices, steps, collectives, save/load round trip."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import nbtoolkit as nbt
+
+
+@pytest.fixture(scope="module")
+def traces_dir(fixtures_dir):
+    return fixtures_dir / "traces"
+
+
+def test_folder_of_two_ranks(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_trace_filter_2rank")
+    assert trace.ranks == [0, 1]
+    assert trace.info[0].backend == "nccl" and trace.info[0].world_size == 128
+    frame = trace.events[0]
+    assert isinstance(frame["name"].dtype, pd.CategoricalDtype)
+    assert frame["ts"].is_monotonic_increasing
+    assert (frame["stream"] >= 0).sum() > 1000  # kernels, memcpys, memsets
+    assert set(trace.steps["step"]) == {551, 552}
+    assert trace.has_gpu_kernels
+
+
+def test_rank_from_file_name_when_distributed_info_is_missing(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_mtia_inference_trace")
+    assert trace.ranks == [0]
+    assert any("file name" in note for note in trace._notes())
+    trace = nbt.load_trace(traces_dir / "param_dlrm_8rank")
+    assert trace.ranks == list(range(8))  # worker0 ... worker7, from distributedInfo or names
+
+
+def test_rank_unknown_is_zero_with_a_note(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_rank_unavailable")
+    assert trace.ranks == [0]
+    assert any("rank unknown" in note for note in trace._notes())
+
+
+def test_collective_metadata(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_nccl_parser_config")
+    coll = trace.collectives[0]
+    assert len(coll) > 0
+    assert set(coll["collective"]) >= {"allreduce"}
+    rows = trace.events[0].iloc[coll["row"].to_numpy()]
+    assert (rows["dur"] >= 0).all()
+    assert coll["in_msg_nelems"].notna().all()
+
+
+def test_cpu_only_gloo_trace(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_cpu_only")
+    assert trace.ranks == [34]
+    assert trace.info[34].backend == "gloo"
+    assert trace.device_type == "cpu"
+    assert not trace.has_gpu_kernels
+    assert trace.events[34]["name"].astype(str).str.startswith("gloo:").any()
+
+
+def test_device_types(traces_dir):
+    assert nbt.load_trace(traces_dir / "hta_mtia_single_rank").device_type == "mtia"
+    assert nbt.load_trace(traces_dir / "hta_amd_trace").device_type == "rocm"
+    assert nbt.load_trace(traces_dir / "tracelens_h100_bert").device_type == "cuda"
+
+
+def test_non_trace_json_in_folder_is_skipped_with_a_note(traces_dir):
+    trace = nbt.load_trace(traces_dir / "hta_execution_trace")
+    assert trace.ranks == [0]
+    assert any("benchmark_simple_add_et" in note for note in trace.notes)
+
+
+def test_save_load_round_trip(traces_dir, tmp_path):
+    trace = nbt.load_trace(traces_dir / "hta_nccl_parser_config")
+    folder = trace.save(tmp_path / "saved")
+    again = nbt.Trace.load(folder)
+    assert again.ranks == trace.ranks
+    pd.testing.assert_frame_equal(again.events[0], trace.events[0])
+    pd.testing.assert_frame_equal(again.collectives[0], trace.collectives[0])
+    assert again.info[0] == trace.info[0]
+    assert repr(again) == repr(trace)
+
+
+def test_summary_is_deterministic_and_shows_kernels(traces_dir):
+    a = nbt.load_trace(traces_dir / "hta_trace_filter_2rank")
+    b = nbt.load_trace(traces_dir / "hta_trace_filter_2rank")
+    assert repr(a) == repr(b)
+    text = repr(a)
+    assert "Top kernels by total time" in text and "rank 1" in text
+
+
+def test_html_escapes_trace_text(tmp_path):
+    import json
+
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "<script>alert(1)</script>",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 5,
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#0",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 10,
+        },
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    html = nbt.load_trace(path)._repr_html_()
+    assert "<script>" not in html
+    assert "&lt;script&gt;" in html
