@@ -50,6 +50,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
     "load_compile_log": "nbtoolkit.io.compile_log",
     "load_memory_snapshot": "nbtoolkit.io.snapshot",
+    "load_memory_timeline": "nbtoolkit.io.snapshot",
     "load_trace": "nbtoolkit.io.kineto",
     "memory_timeline": "nbtoolkit.capture.memory",
     "optimize": "nbtoolkit.optimizations.apply",
@@ -142,7 +143,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.io.compile_log import load_compile_log
     from nbtoolkit.io.kineto import load_trace
-    from nbtoolkit.io.snapshot import load_memory_snapshot
+    from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.model.comparison import Comparison, Measurement
     from nbtoolkit.model.graphs import GraphReport
     from nbtoolkit.model.memory import MemoryTimeline

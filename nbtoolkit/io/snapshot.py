@@ -1,0 +1,254 @@
+"""Read CUDA caching-allocator snapshots and torch's memory-timeline exports.
+
+``load_memory_snapshot(path)`` reads what ``torch.cuda.memory._snapshot()`` /
+``_dump_snapshot()`` wrote, in every format seen in the wild:
+
+* the newest dict format (``segments``, ``device_traces`` with ``time_us``,
+  ``compile_context``, ``user_metadata``; ``external_annotations``; ``allocator_settings``),
+* the older dict format without ``time_us`` in trace entries,
+* the legacy bare list of segments (what ``torch.cuda.memory_snapshot()`` returned),
+* blocks that carry ``history`` instead of ``frames``/``requested_size`` (oldest format).
+
+Pickles can run code when loaded. These are loaded with a restricted unpickler that
+resolves no global at all: only the pickle opcodes for builtin containers and scalars
+(dict, list, tuple, str, bytes, int, float, bool, None) can succeed; a pickle that
+names any module attribute (``os.system``, ``builtins.eval``, a torch class...) is
+refused before anything is imported or called.
+
+``load_memory_timeline(path)`` reads the raw JSON of the profiler's
+``export_memory_timeline`` (``.raw``/``.json``, optionally gzipped) or a timeline saved
+by ``MemoryTimeline.save``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import SnapshotError
+
+if TYPE_CHECKING:
+    from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.snapshot import MemorySnapshot
+
+__all__ = ["load_memory_snapshot", "load_memory_timeline", "restricted_loads"]
+
+_MAX_BYTES = 4 * 1024**3  # refuse to read absurd files into memory
+
+
+class _RefusingUnpickler(pickle.Unpickler):
+    """An unpickler that resolves no global: builtin containers and scalars only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Called for GLOBAL/STACK_GLOBAL/INST/OBJ/EXT*: the only way a pickle can reach a
+        # callable. Refusing here means REDUCE/BUILD/NEWOBJ have nothing to call.
+        raise SnapshotError(f"refused: the pickle tries to load {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise SnapshotError(f"refused: the pickle uses a persistent id ({str(pid)[:60]!r})")
+
+
+def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
+    """Unpickle ``data`` allowing only builtin containers and scalars.
+
+    Raises ``SnapshotError`` naming ``name`` when the pickle is corrupt or truncated, and
+    ``SnapshotError("refused: the pickle tries to load <module.name>")`` when it tries to
+    import anything; in that case nothing from the pickle has been executed.
+    """
+    try:
+        return _RefusingUnpickler(io.BytesIO(data)).load()
+    except SnapshotError as exc:
+        raise SnapshotError(f"{name}: {exc}") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+        UnicodeDecodeError,
+        OverflowError,
+        MemoryError,
+    ) as exc:
+        raise SnapshotError(
+            f"{name} is not a readable memory snapshot (corrupt or truncated pickle: "
+            f"{type(exc).__name__}: {exc}); re-dump it with torch.cuda.memory._dump_snapshot()"
+        ) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise SnapshotError(f"no memory snapshot at {path}: check the path")
+    if path.is_dir():
+        raise SnapshotError(f"{path} is a folder; pass one snapshot file (.pickle/.pkl)")
+    size = path.stat().st_size
+    if size > _MAX_BYTES:
+        raise SnapshotError(f"{path} is {size / 1024**3:.1f} GiB; snapshots above 4 GiB are not read")
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":  # gzip magic: some people compress their dumps
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise SnapshotError(f"{path} is a corrupt gzip file: {exc}") from None
+    return data
+
+
+def _looks_like_json(data: bytes) -> bool:
+    head = data[:64].lstrip()
+    return head[:1] in (b"[", b"{")
+
+
+def _as_snapshot_dict(raw: Any, path: Path) -> dict[str, Any]:
+    """Normalize the three top-level shapes into one dict with ``segments`` and ``device_traces``."""
+    if isinstance(raw, list):  # the legacy bare list of segments
+        return {"segments": raw, "device_traces": [], "legacy_segment_list": True}
+    if isinstance(raw, dict) and "segments" in raw:
+        out = dict(raw)
+        out.setdefault("device_traces", [])
+        return out
+    kind = type(raw).__name__
+    keys = sorted(raw)[:8] if isinstance(raw, dict) else []
+    raise SnapshotError(
+        f"{path} holds a {kind}{f' with keys {keys}' if keys else ''}, not a CUDA allocator snapshot "
+        "(expected a dict with 'segments' or a list of segments from torch.cuda.memory._snapshot())"
+    )
+
+
+def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
+    """Read a CUDA allocator snapshot pickle into a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`.
+
+    Args:
+        path: a file written by ``torch.cuda.memory._dump_snapshot()`` or a pickle of
+            ``torch.cuda.memory._snapshot()`` / ``torch.cuda.memory_snapshot()``.
+
+    Raises:
+        SnapshotError: the file is missing, corrupt, truncated, not a snapshot, or tries
+            to import or call anything when unpickled (it is then never run).
+    """
+    from nbtoolkit.model.snapshot import MemorySnapshot
+
+    source = Path(path).expanduser()
+    data = _read_bytes(source)
+    if _looks_like_json(data):
+        raise SnapshotError(
+            f"{source} is JSON, not an allocator snapshot pickle; if it is the profiler's "
+            "export_memory_timeline output, read it with nbt.load_memory_timeline(path)"
+        )
+    raw = restricted_loads(data, name=str(source))
+    snapshot = _as_snapshot_dict(raw, source)
+    try:
+        return MemorySnapshot.from_dict(snapshot, source=str(source))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SnapshotError(
+            f"{source} looks like an allocator snapshot but a field is missing or malformed "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+
+
+# -- torch.profiler export_memory_timeline raw output ----------------------------------
+
+#: torch.profiler._memory_profiler._CATEGORY_TO_INDEX order (index 7 is torch's None).
+_RAW_EXPORT_CATEGORIES = (
+    "parameter",
+    "optimizer_state",
+    "input",
+    "temporary",
+    "activation",
+    "gradient",
+    "autograd_detail",
+    "unknown",
+)
+#: torch.profiler._memory_profiler.Action values.
+_RAW_EXPORT_ACTIONS = {1: "preexisting", 2: "alloc", 3: "recategorize", 4: "free"}
+
+
+def _timeline_from_raw_export(rows: list[Any], source: Path) -> MemoryTimeline:
+    import numpy as np
+    import pandas as pd
+
+    from nbtoolkit.model.memory import MemoryTimeline
+
+    if not rows:
+        return MemoryTimeline(events=pd.DataFrame(), source=str(source), device="unknown")
+    try:
+        array = np.asarray(rows, dtype="int64")
+        if array.ndim != 2 or array.shape[1] != 4:
+            raise ValueError(f"rows have shape {array.shape[1:]} instead of 4 fields")
+    except (ValueError, TypeError) as exc:
+        raise SnapshotError(
+            f"{source} is JSON but not export_memory_timeline raw output "
+            f"([time_ns, action, bytes, category] rows): {exc}"
+        ) from None
+    times_ns, actions, sizes, categories = array.T
+    known = times_ns[times_ns >= 0]
+    start = int(known.min()) if len(known) else 0
+    # torch puts pre-existing memory at time -1 and plots it at the first timestamp.
+    time_us = np.where(times_ns < 0, 0.0, (times_ns - start) / 1e3)
+    bad = sorted(set(actions.tolist()) - set(_RAW_EXPORT_ACTIONS))
+    if bad or categories.min() < 0 or categories.max() >= len(_RAW_EXPORT_CATEGORIES):
+        raise SnapshotError(f"{source}: unknown action or category codes in the raw export ({bad})")
+    phase = np.where(times_ns < 0, "before", "other")
+    events = pd.DataFrame(
+        {
+            "time_us": time_us,
+            "action": [_RAW_EXPORT_ACTIONS[a] for a in actions.tolist()],
+            "delta_bytes": sizes,
+            "category": np.asarray(_RAW_EXPORT_CATEGORIES, dtype=object)[categories],
+            "tensor": -1,
+            "phase": phase,
+        }
+    )
+    return MemoryTimeline(
+        events=events,
+        source=str(source),
+        device="unknown",
+        category_method="torch.profiler (export_memory_timeline raw)",
+        notes=[
+            ("torch's raw export carries no tensor identity, module, stack or device: "
+            "alive_at_peak() lists allocations not yet matched by a free of the same row only")
+        ],
+    )
+
+
+def load_memory_timeline(path: str | Path) -> MemoryTimeline:
+    """Read a memory timeline: torch's ``export_memory_timeline`` raw JSON or a saved ``MemoryTimeline``.
+
+    The raw export (``prof.export_memory_timeline("x.raw.json.gz")``, rows of
+    ``[time_ns, action, bytes, category_index]``) keeps torch's categories exactly; times
+    become microseconds since the first timed event, pre-existing memory sits at 0.
+    """
+    from nbtoolkit.model.memory import MemoryTimeline
+
+    source = Path(path).expanduser()
+    if source.suffix == ".parquet":
+        return MemoryTimeline.load(source)
+    data = _read_bytes(source)
+    if data[:4] == b"PAR1":
+        return MemoryTimeline.load(source)
+    if not _looks_like_json(data):
+        raise SnapshotError(
+            f"{source} is neither JSON nor a saved MemoryTimeline; for a CUDA allocator "
+            "snapshot pickle use nbt.load_memory_snapshot(path)"
+        )
+    try:
+        rows = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"{source} is corrupt or truncated JSON: {exc}") from None
+    if (
+        isinstance(rows, list)
+        and len(rows) == 2
+        and all(isinstance(r, list) for r in rows)
+        and (rows[1] and isinstance(rows[1][0], list))
+    ):
+        raise SnapshotError(
+            f"{source} is export_memory_timeline's coalesced [times, sizes] output; export the raw "
+            "events instead (a path ending in .raw.json.gz) so that allocations keep their identity"
+        )
+    if not isinstance(rows, list):
+        raise SnapshotError(f"{source} holds a JSON {type(rows).__name__}, not a list of memory events")
+    return _timeline_from_raw_export(rows, source)

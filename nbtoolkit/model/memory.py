@@ -1,0 +1,366 @@
+"""`MemoryTimeline`: allocated bytes over time, by category, module and phase.
+
+One model for CPU runs captured here (``nbt.memory_timeline``) and for CUDA allocator
+snapshots recorded on GPUs (``nbt.load_memory_snapshot(path).timeline()``).
+
+The data is one frame of memory events, in the order they happened:
+
+=============  =====================================================================
+column         meaning
+=============  =====================================================================
+time_us        float, microseconds since the first recorded event (memory that existed
+               before recording started is put at time 0 with ``action="preexisting"``)
+action         ``preexisting`` | ``alloc`` | ``free`` | ``recategorize`` (torch's
+               INCREMENT_VERSION: the same bytes move from one category to another)
+delta_bytes    int, +bytes for preexisting/alloc, -bytes for free; a recategorize is a
+               pair of rows (-bytes old category, +bytes new category)
+category       one of :data:`CATEGORIES`
+tensor         int, identity of the allocation: its alloc and free rows share it
+module         fully qualified module path (``encoder.layers.0.attn``), "" if none
+phase          ``before`` (preexisting) | ``forward`` | ``backward`` | ``optimizer`` | ``other``
+shape          shape and dtype of the tensor when known (``[64, 128] float32``), else ""
+source         innermost user-code frame that allocated it (``train.py:42 in step``), or ""
+stack_id       index into :attr:`MemoryTimeline.stacks` (the allocating stack), -1 if none
+=============  =====================================================================
+
+Everything derived (per-category series, peaks, what is alive at the peak, per-module and
+per-phase tables) is computed by the pure functions of :mod:`nbtoolkit.analysis.memory`;
+the methods here are thin conveniences over them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.model._result import Result, escape, html_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "CATEGORIES",
+    "EVENT_COLUMNS",
+    "PHASES",
+    "MemoryComparison",
+    "MemoryTimeline",
+    "format_bytes",
+]
+
+#: torch.profiler._memory_profiler.Category names (lower case) plus "unknown" for
+#: memory no rule could classify (torch's ``None`` category, grey in its plots).
+CATEGORIES: tuple[str, ...] = (
+    "parameter",
+    "optimizer_state",
+    "input",
+    "temporary",
+    "activation",
+    "gradient",
+    "autograd_detail",
+    "unknown",
+)
+
+PHASES: tuple[str, ...] = ("before", "forward", "backward", "optimizer", "other")
+
+EVENT_COLUMNS: tuple[str, ...] = (
+    "time_us",
+    "action",
+    "delta_bytes",
+    "category",
+    "tensor",
+    "module",
+    "phase",
+    "shape",
+    "source",
+    "stack_id",
+)
+
+_FORMAT_VERSION = 1
+
+
+def format_bytes(num: float) -> str:
+    """Human-readable binary size with its unit (``1.5 MiB``), the way memory_viz prints sizes."""
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024.0:
+            return f"{value:,.1f} {unit}"
+        value /= 1024.0
+    return f"{value:,.1f} PiB"
+
+
+def empty_events() -> pd.DataFrame:
+    """An events frame with the right columns and dtypes and no rows."""
+    import pandas as pd
+
+    return normalize_events(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
+
+
+def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
+    """Give an events frame the documented columns and dtypes (missing text columns become "")."""
+    import pandas as pd
+
+    out = pd.DataFrame(index=range(len(frame)))
+    defaults: dict[str, Any] = {
+        "time_us": 0.0,
+        "action": "alloc",
+        "delta_bytes": 0,
+        "category": "unknown",
+        "tensor": -1,
+        "module": "",
+        "phase": "other",
+        "shape": "",
+        "source": "",
+        "stack_id": -1,
+    }
+    for name in EVENT_COLUMNS:
+        if name in frame.columns:
+            out[name] = frame[name].to_numpy()
+        else:
+            out[name] = defaults[name]
+    out["time_us"] = out["time_us"].astype("float64")
+    out["delta_bytes"] = out["delta_bytes"].astype("int64")
+    out["tensor"] = out["tensor"].astype("int64")
+    out["stack_id"] = out["stack_id"].astype("int64")
+    for name in ("action", "module", "phase", "shape", "source"):
+        out[name] = out[name].astype(object).fillna("").astype(str)
+    out["category"] = pd.Categorical(out["category"].astype(str), categories=list(CATEGORIES))
+    if out["category"].isna().any():
+        bad = sorted(set(frame["category"].astype(str)) - set(CATEGORIES))
+        raise NbtUsageError(f"unknown memory categories {bad}: use one of {list(CATEGORIES)}")
+    return out
+
+
+@dataclass(repr=False)
+class MemoryTimeline(Result):
+    """Allocated bytes over time, by category, module and phase, on one device.
+
+    Build one with ``nbt.memory_timeline(fn)`` (CPU, or CUDA when available) or with
+    ``nbt.load_memory_snapshot(path).timeline()`` (a CUDA allocator snapshot).
+
+    Attributes:
+        events: the event frame (columns documented in this module's docstring).
+        stacks: interned allocation stacks, innermost frame first, one line per frame.
+        device: the device the memory lives on (``cpu``, ``cuda:0``).
+        source: where the data came from (``torch.profiler``, a snapshot path).
+        notes: what the capture wants the reader to know (partial run, heuristics used).
+        category_method: how categories were decided (``torch.profiler`` or ``heuristic``).
+    """
+
+    events: pd.DataFrame
+    stacks: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+    category_method: str = "torch.profiler"
+
+    def __post_init__(self) -> None:
+        self.events = normalize_events(self.events)
+
+    # -- derived views (pure functions in analysis.memory) -----------------------------
+    def by_category(self, *, coalesce: bool = True) -> pd.DataFrame:
+        """Allocated bytes over time per category: columns ``time_us``, one per category, ``total``.
+
+        With ``coalesce`` one row per distinct time (the state after all events at that
+        time, as torch's ``export_memory_timeline`` does); otherwise one row per event.
+        """
+        from nbtoolkit.analysis.memory import category_series
+
+        return category_series(self.events, coalesce=coalesce)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest total allocated bytes over the run (the running sum of ``delta_bytes``)."""
+        from nbtoolkit.analysis.memory import peak
+
+        return peak(self.events)[1]
+
+    @property
+    def peak_time(self) -> float:
+        """``time_us`` at which :attr:`peak_bytes` was first reached."""
+        from nbtoolkit.analysis.memory import peak
+
+        index = peak(self.events)[0]
+        return float(self.events["time_us"].iloc[index]) if index >= 0 else 0.0
+
+    def category_peaks(self) -> pd.DataFrame:
+        """Per category: its own peak (``peak_bytes``) and its bytes at the total peak (``at_peak_bytes``)."""
+        from nbtoolkit.analysis.memory import category_peaks
+
+        return category_peaks(self.events)
+
+    def alive_at_peak(self, top: int = 20) -> pd.DataFrame:
+        """The largest allocations live at the peak: bytes, category, module, phase, shape, stack."""
+        from nbtoolkit.analysis.memory import alive_at_peak
+
+        frame = alive_at_peak(self.events, top=top)
+        frame["stack"] = [self.stacks[i] if 0 <= i < len(self.stacks) else "" for i in frame["stack_id"]]
+        return frame
+
+    def by_module(self) -> pd.DataFrame:
+        """Per module path: bytes allocated, bytes alive at the peak, by category."""
+        from nbtoolkit.analysis.memory import module_attribution
+
+        return module_attribution(self.events)
+
+    def by_phase(self) -> pd.DataFrame:
+        """Per phase (before/forward/backward/optimizer/other): allocated, freed, peak within the phase."""
+        from nbtoolkit.analysis.memory import phase_attribution
+
+        return phase_attribution(self.events)
+
+    def compare(
+        self, other: MemoryTimeline, *, labels: tuple[str, str] = ("before", "after")
+    ) -> MemoryComparison:
+        """Peaks of this timeline (before) against ``other`` (after), per category and in total."""
+        from nbtoolkit.analysis.memory import compare_peaks
+
+        return MemoryComparison(table=compare_peaks(self.events, other.events, labels=labels), labels=labels)
+
+    def figure(self, **options: Any) -> Any:
+        """The stacked-area plot by category with phase bands and a module lane (plotly)."""
+        from nbtoolkit.views.memory import timeline_figure
+
+        return timeline_figure(self, **options)
+
+    # -- persistence -----------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the timeline to one Parquet file (events, plus stacks and metadata in the schema)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        target = Path(path)
+        frame = self.events.copy()
+        frame["category"] = frame["category"].astype(str)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        meta = {
+            "format": "nbtoolkit.MemoryTimeline",
+            "version": _FORMAT_VERSION,
+            "stacks": self.stacks,
+            "device": self.device,
+            "source": self.source,
+            "notes": self.notes,
+            "category_method": self.category_method,
+        }
+        table = table.replace_schema_metadata({b"nbtoolkit": json.dumps(meta).encode()})
+        pq.write_table(table, target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> MemoryTimeline:
+        """Read a timeline written by :meth:`save`."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from nbtoolkit.errors import SnapshotError
+
+        source = Path(path)
+        if not source.is_file():
+            raise SnapshotError(
+                f"no memory timeline file at {source}: save one with MemoryTimeline.save(path)"
+            )
+        try:
+            table = pq.read_table(source)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SnapshotError(f"{source} is not a saved memory timeline (Parquet): {exc}") from None
+        raw = (table.schema.metadata or {}).get(b"nbtoolkit")
+        meta = json.loads(raw) if raw else {}
+        if meta.get("format") != "nbtoolkit.MemoryTimeline":
+            raise SnapshotError(f"{source} is a Parquet file but not a MemoryTimeline saved by nbtoolkit")
+        return cls(
+            events=table.to_pandas(),
+            stacks=list(meta.get("stacks", [])),
+            device=str(meta.get("device", "cpu")),
+            source=str(meta.get("source", "")),
+            notes=list(meta.get("notes", [])),
+            category_method=str(meta.get("category_method", "torch.profiler")),
+        )
+
+    # -- display -----------------------------------------------------------------------
+    def _summary_rows(self) -> list[tuple[str, str]]:
+        peaks = self.category_peaks()
+        rows = [
+            (str(r.category), format_bytes(int(r.at_peak_bytes)))
+            for r in peaks.itertuples()
+            if r.at_peak_bytes or r.peak_bytes
+        ]
+        return rows
+
+    def _text(self) -> str:
+        n_alloc = int((self.events["action"] == "alloc").sum())
+        lines = [
+            (f"MemoryTimeline on {self.device}: {len(self.events):,} events ({n_alloc:,} allocations), "
+            f"peak {format_bytes(self.peak_bytes)} at {self.peak_time / 1e3:,.3f} ms"),
+            f"categories from {self.category_method}; at the peak:",
+        ]
+        lines += [f"  {name:<16} {size}" for name, size in self._summary_rows()]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        import pandas as pd
+
+        peaks = self.category_peaks()
+        peaks = peaks[(peaks["peak_bytes"] > 0) | (peaks["at_peak_bytes"] > 0)]
+        table = pd.DataFrame(
+            {
+                "category": peaks["category"].astype(str),
+                "at the peak": [format_bytes(v) for v in peaks["at_peak_bytes"]],
+                "own peak": [format_bytes(v) for v in peaks["peak_bytes"]],
+            }
+        )
+        alive = self.alive_at_peak(top=10)
+        alive_table = pd.DataFrame(
+            {
+                "size": [format_bytes(v) for v in alive["bytes"]],
+                "category": alive["category"].astype(str),
+                "module": alive["module"],
+                "phase": alive["phase"],
+                "shape": alive["shape"],
+                "source": alive["source"],
+            }
+        )
+        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
+        return (
+            f"<div class='nbt-memory'><b>MemoryTimeline</b> on {escape(self.device)}: "
+            f"{len(self.events):,} events, peak <b>{escape(format_bytes(self.peak_bytes))}</b> at "
+            f"{self.peak_time / 1e3:,.3f} ms (categories from {escape(self.category_method)})"
+            f"{html_table(table)}<p>Largest allocations alive at the peak:</p>{html_table(alive_table)}"
+            f"{notes}</div>"
+        )
+
+
+@dataclass(repr=False)
+class MemoryComparison(Result):
+    """Peak memory of two timelines side by side (e.g. before/after an optimization).
+
+    ``table`` has one row per category plus ``total``: ``<before>_bytes``, ``<after>_bytes``
+    (each the category's bytes at that run's total peak), ``delta_bytes`` and ``change_pct``.
+    """
+
+    table: pd.DataFrame
+    labels: tuple[str, str] = ("before", "after")
+
+    def _display_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        a, b = self.labels
+        return pd.DataFrame(
+            {
+                "category": self.table["category"],
+                a: [format_bytes(v) for v in self.table[f"{a}_bytes"]],
+                b: [format_bytes(v) for v in self.table[f"{b}_bytes"]],
+                "change": [format_bytes(v) for v in self.table["delta_bytes"]],
+                "change %": [f"{v:+.1f}%" if not math.isnan(v) else "n/a" for v in self.table["change_pct"]],
+            }
+        )
+
+    def _text(self) -> str:
+        frame = self._display_frame()
+        return "Peak memory at the total peak, by category\n" + frame.to_string(index=False)
+
+    def _html(self) -> str:
+        return "<b>Peak memory at the total peak, by category</b>" + html_table(self._display_frame())

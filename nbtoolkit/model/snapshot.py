@@ -1,0 +1,666 @@
+"""`MemorySnapshot`: a CUDA caching-allocator snapshot as frames.
+
+Made by :func:`nbtoolkit.io.snapshot.load_memory_snapshot` from what
+``torch.cuda.memory._snapshot()`` returns. The allocator reserves *segments* from CUDA
+(``cudaMalloc``) and splits them into *blocks*; an ``active_allocated`` block holds a
+tensor, the rest is cached free memory. With ``_record_memory_history`` enabled, the
+snapshot also carries a *trace* per device: every alloc / free / segment event with the
+stack that caused it.
+
+Frames:
+
+* ``segments``: one row per segment (``segment, device, address, total_size,
+  allocated_size, active_size, requested_size, stream, segment_type, pool, is_expandable``).
+* ``blocks``: one row per block (``segment, device, address, offset, size,
+  requested_size, state, stack_id``); ``requested_size`` is what the program asked for,
+  ``size`` what the allocator handed out after rounding.
+* ``trace``: one row per trace entry (``device, seq, action, addr, size, stream,
+  time_us, compile_context, user_metadata, device_free, stack_id``); ``time_us`` is NaN
+  in older snapshots that did not record it.
+* ``annotations``: ``external_annotations`` (``device, stage, name, time_us``), e.g. the
+  ``Optimizer.step#AdamW.step`` START/END ranges torch emits.
+* ``stacks``: interned stacks, innermost frame first, one ``file:line in function`` per line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.memory import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.model.memory import MemoryTimeline
+
+__all__ = ["MemorySnapshot", "SnapshotStats", "memory_viz_size"]
+
+# Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
+_OMIT_FUNCTIONS = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+    "_PyEval",
+    "Py_RunMain",
+    "Py_BytesMain",
+    "pymain_",
+)
+_OMIT_FILES = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "ceval.c",
+    "pycore_ceval.h",
+    "cpython/abstract.h",
+)
+_MAX_STACK_LINES = 40
+
+
+def memory_viz_size(num: float) -> str:
+    """A size formatted exactly as ``torch.cuda._memory_viz`` prints it (``4.1GiB``, ``333.5KiB``)."""
+    value = float(num)
+    for unit in ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi"):
+        if abs(value) < 1024.0:
+            return f"{value:3.1f}{unit}B"
+        value /= 1024.0
+    return f"{value:.1f}YiB"
+
+
+def _short_path(filename: str) -> str:
+    parts = filename.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else filename
+
+
+def _format_stack(frames: list[dict[str, Any]]) -> str:
+    """Python frames when there are any (what a user recognizes), else the filtered C++ frames."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    chosen = python or [
+        f
+        for f in frames
+        if not any(o in str(f.get("name", "")) for o in _OMIT_FUNCTIONS)
+        and not any(o in str(f.get("filename", "")) for o in _OMIT_FILES)
+    ]
+    lines = [
+        f"{_short_path(str(f.get('filename', '?')))}:{f.get('line', 0)} in {f.get('name', '?')}"
+        for f in chosen[:_MAX_STACK_LINES]
+    ]
+    return "\n".join(lines)
+
+
+class _StackInterner:
+    """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
+
+    def __init__(self) -> None:
+        self.stacks: list[str] = []
+        self._by_text: dict[str, int] = {}
+        self._by_identity: dict[int, int] = {}
+        self._keep_alive: list[Any] = []
+        self.hints: list[str] = []  # per stack: phase hint for the heuristics (see _stack_hint)
+        self.sources: list[str] = []  # per stack: innermost user-code frame
+
+    def intern(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        key = id(frames)
+        found = self._by_identity.get(key)
+        if found is not None:
+            return found
+        text = _format_stack(frames)
+        index = self._by_text.get(text)
+        if index is None:
+            index = len(self.stacks)
+            self.stacks.append(text)
+            self._by_text[text] = index
+            self.hints.append(_stack_hint(frames))
+            self.sources.append(_user_source(frames))
+        self._by_identity[key] = index
+        self._keep_alive.append(frames)  # ids stay unique while we hold the objects
+        return index
+
+
+def _stack_hint(frames: list[dict[str, Any]]) -> str:
+    """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
+    names = [(str(f.get("name", "")), str(f.get("filename", "")).replace("\\", "/")) for f in frames]
+    if any("/torch/optim/" in fn for _, fn in names):
+        return "optimizer"
+    if any(
+        "autograd::Engine" in n
+        or "evaluate_function" in n
+        or "run_backward" in n
+        or (n == "backward" and (fn.endswith(("torch/_tensor.py", "autograd/__init__.py"))))
+        or (n == "_engine_run_backward")
+        for n, fn in names
+    ):
+        return "backward"
+    if any(
+        (fn.endswith("torch/nn/modules/module.py") and n in ("_apply", "to", "cuda"))
+        or ("/torch/nn/modules/" in fn and n in ("__init__", "reset_parameters"))
+        or fn.endswith("torch/nn/parameter.py")
+        for n, fn in names
+    ):
+        return "parameter"
+    if any(
+        fn.endswith("torch/nn/modules/module.py") and n in ("_call_impl", "_wrapped_call_impl")
+        for n, fn in names
+    ):
+        return "forward"
+    return "other"
+
+
+def _user_source(frames: list[dict[str, Any]]) -> str:
+    """Innermost Python frame outside torch and site-packages: where in the user's code."""
+    for f in frames:
+        filename = str(f.get("filename", "")).replace("\\", "/")
+        if filename.endswith(".py") and "/torch/" not in filename and "site-packages" not in filename:
+            return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
+    return ""
+
+
+@dataclass(repr=False)
+class SnapshotStats(Result):
+    """Totals of a snapshot's segments, defined exactly as ``python -m torch.cuda._memory_viz stats``.
+
+    * ``total_reserved``: sum of ``total_size`` over all segments (memory taken from CUDA).
+    * ``total_allocated``: sum over ``active_allocated`` blocks of the size the program
+      requested (``requested_size``; in the oldest format ``history[0].real_size``).
+    * ``free_internal``: for active blocks, ``size - requested_size`` (lost to rounding).
+    * ``free_external``: sum of the sizes of blocks that are not active (cached, free).
+    * ``total_free = free_internal + free_external``; ``internal_pct = 100 * internal / total_free``.
+    """
+
+    segments: int
+    total_reserved: int
+    total_allocated: int
+    free_internal: int
+    free_external: int
+
+    @property
+    def total_free(self) -> int:
+        return self.free_internal + self.free_external
+
+    @property
+    def internal_pct(self) -> float:
+        return 100.0 * self.free_internal / self.total_free if self.total_free else 0.0
+
+    def lines(self) -> list[str]:
+        """The four total lines of ``_memory_viz stats``, formatted the same way."""
+        free = memory_viz_size(self.total_free)
+        if self.total_free:
+            free += f" ({self.internal_pct:.1f}% internal)"
+        return [
+            f"segments: {self.segments}",
+            f"total_reserved: {memory_viz_size(self.total_reserved)}",
+            f"total_allocated: {memory_viz_size(self.total_allocated)}",
+            f"total_free: {free}",
+        ]
+
+    def _text(self) -> str:
+        return "\n".join(self.lines())
+
+    def _html(self) -> str:
+        return "<pre>" + escape(self._text()) + "</pre>"
+
+
+@dataclass(repr=False)
+class MemorySnapshot(Result):
+    """A CUDA allocator snapshot: segments, blocks, per-device traces, annotations."""
+
+    segments: pd.DataFrame
+    blocks: pd.DataFrame
+    trace: pd.DataFrame
+    annotations: pd.DataFrame
+    stacks: list[str] = field(default_factory=list)
+    stack_hints: list[str] = field(default_factory=list)
+    stack_sources: list[str] = field(default_factory=list)
+    allocator_settings: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    legacy_segment_list: bool = False
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, snapshot: dict[str, Any], *, source: str = "") -> MemorySnapshot:
+        """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely)."""
+        import pandas as pd
+
+        interner = _StackInterner()
+        seg_rows = []
+        block_rows = []
+        for index, seg in enumerate(snapshot.get("segments") or []):
+            seg_rows.append(
+                (
+                    index,
+                    int(seg.get("device", 0)),
+                    int(seg["address"]),
+                    int(seg["total_size"]),
+                    int(seg.get("allocated_size", 0)),
+                    int(seg.get("active_size", 0)),
+                    int(seg.get("requested_size", 0)),
+                    int(seg.get("stream", 0)),
+                    str(seg.get("segment_type", "")),
+                    str(seg.get("segment_pool_id", "")),
+                    bool(seg.get("is_expandable", False)),
+                )
+            )
+            offset = 0
+            for block in seg.get("blocks") or []:
+                size = int(block["size"])
+                if "frames" in block:
+                    requested = int(block.get("requested_size", size))
+                    frames = block["frames"]
+                elif block.get("history"):
+                    requested = int(block["history"][0].get("real_size", size))
+                    frames = block["history"][0].get("frames", [])
+                else:
+                    requested = int(block.get("requested_size", size))
+                    frames = []
+                block_rows.append(
+                    (
+                        index,
+                        int(seg.get("device", 0)),
+                        int(block.get("address", int(seg["address"]) + offset)),
+                        offset,
+                        size,
+                        requested,
+                        str(block.get("state", "")),
+                        interner.intern(frames),
+                    )
+                )
+                offset += size
+        segments = pd.DataFrame(
+            seg_rows,
+            columns=[
+                "segment",
+                "device",
+                "address",
+                "total_size",
+                "allocated_size",
+                "active_size",
+                "requested_size",
+                "stream",
+                "segment_type",
+                "pool",
+                "is_expandable",
+            ],
+        )
+        blocks = pd.DataFrame(
+            block_rows,
+            columns=["segment", "device", "address", "offset", "size", "requested_size", "state", "stack_id"],
+        )
+        trace_rows = []
+        for device, entries in enumerate(snapshot.get("device_traces") or []):
+            for seq, entry in enumerate(entries or []):
+                time_us = entry.get("time_us")
+                trace_rows.append(
+                    (
+                        device,
+                        seq,
+                        str(entry.get("action", "")),
+                        int(entry.get("addr", 0)),
+                        int(entry.get("size", 0)),
+                        int(entry.get("stream", 0)),
+                        float(time_us) if time_us is not None else math.nan,
+                        str(entry.get("compile_context", "")),
+                        str(entry.get("user_metadata", "")),
+                        int(entry.get("device_free", -1)),
+                        interner.intern(entry.get("frames")),
+                    )
+                )
+        trace = pd.DataFrame(
+            trace_rows,
+            columns=[
+                "device",
+                "seq",
+                "action",
+                "addr",
+                "size",
+                "stream",
+                "time_us",
+                "compile_context",
+                "user_metadata",
+                "device_free",
+                "stack_id",
+            ],
+        )
+        annotations = pd.DataFrame(
+            [
+                (
+                    int(a.get("device", 0)),
+                    str(a.get("stage", "")),
+                    str(a.get("name", "")),
+                    float(a.get("time_us", math.nan)),
+                )
+                for a in snapshot.get("external_annotations") or []
+            ],
+            columns=["device", "stage", "name", "time_us"],
+        )
+        return cls(
+            segments=segments,
+            blocks=blocks,
+            trace=trace,
+            annotations=annotations,
+            stacks=interner.stacks,
+            stack_hints=interner.hints,
+            stack_sources=interner.sources,
+            allocator_settings=dict(snapshot.get("allocator_settings") or {}),
+            source=source,
+            legacy_segment_list=bool(snapshot.get("legacy_segment_list", False)),
+        )
+
+    # -- the allocator's view ----------------------------------------------------------
+    def stats(self) -> SnapshotStats:
+        """Totals exactly as ``python -m torch.cuda._memory_viz stats`` computes them (see SnapshotStats)."""
+        blocks = self.blocks
+        active = blocks["state"] == "active_allocated"
+        allocated = int(blocks.loc[active, "requested_size"].sum())
+        internal = int((blocks.loc[active, "size"] - blocks.loc[active, "requested_size"]).sum())
+        external = int(blocks.loc[~active, "size"].sum())
+        return SnapshotStats(
+            segments=len(self.segments),
+            total_reserved=int(self.segments["total_size"].sum()),
+            total_allocated=allocated,
+            free_internal=internal,
+            free_external=external,
+        )
+
+    def segment_summary(self) -> pd.DataFrame:
+        """Per segment: reserved, allocated (requested bytes of active blocks), free split, fragmentation.
+
+        ``largest_free`` is the largest inactive block; ``fragmentation`` = ``1 - largest_free /
+        free_external`` (0 when all cached free memory is one block, near 1 when it is
+        scattered in many small holes; 0 for a segment with no free block).
+        """
+        import numpy as np
+
+        blocks = self.blocks
+        active = blocks["state"] == "active_allocated"
+        per = blocks.assign(
+            allocated=np.where(active, blocks["requested_size"], 0),
+            free_internal=np.where(active, blocks["size"] - blocks["requested_size"], 0),
+            free_external=np.where(active, 0, blocks["size"]),
+            active_blocks=active.astype("int64"),
+        ).groupby("segment")
+        summary = self.segments[
+            ["segment", "device", "address", "total_size", "stream", "segment_type"]
+        ].copy()
+        summary = summary.rename(columns={"total_size": "reserved"})
+        for name in ("allocated", "free_internal", "free_external", "active_blocks"):
+            summary[name] = summary["segment"].map(per[name].sum()).fillna(0).astype("int64")
+        summary["largest_free"] = summary["segment"].map(per["free_external"].max()).fillna(0).astype("int64")
+        summary["fragmentation"] = np.where(
+            summary["free_external"] > 0,
+            1.0 - summary["largest_free"] / summary["free_external"].clip(lower=1),
+            0.0,
+        )
+        return summary
+
+    def fragmentation(self) -> float:
+        """``1 - largest free block / all free cached bytes`` over every segment (0 if nothing is free).
+
+        Memory that is free but split into many blocks cannot serve one large request:
+        a value near 1 means a big allocation may fail (or force a new segment) although
+        ``free_external`` looks ample.
+        """
+        inactive = self.blocks.loc[self.blocks["state"] != "active_allocated", "size"]
+        total = int(inactive.sum())
+        return 1.0 - int(inactive.max()) / total if total else 0.0
+
+    @property
+    def ooms(self) -> pd.DataFrame:
+        """Trace entries of out-of-memory events (``size`` requested, ``device_free`` bytes free in CUDA)."""
+        return self.trace[self.trace["action"] == "oom"].reset_index(drop=True)
+
+    def devices(self) -> list[int]:
+        """Devices with segments or trace entries, sorted."""
+        found = set(self.segments["device"].tolist()) | set(self.trace["device"].tolist())
+        return sorted(found)
+
+    # -- as a timeline -----------------------------------------------------------------
+    def timeline(self, device: int | None = None) -> MemoryTimeline:
+        """The allocation history of one device as a :class:`MemoryTimeline`.
+
+        ``device`` defaults to the device with the most trace entries (else the most segments).
+        See :func:`_snapshot_events` in this module for how phases
+        and categories are inferred (allocator snapshots record no categories).
+        """
+        from nbtoolkit.model.memory import MemoryTimeline
+
+        if device is None:
+            counts = self.trace["device"].value_counts()
+            if len(counts):
+                device = int(counts.idxmax())
+            elif len(self.segments):
+                device = int(self.segments["device"].value_counts().idxmax())
+            else:
+                device = 0
+        events, notes = _snapshot_events(self, device)
+        return MemoryTimeline(
+            events=events,
+            stacks=list(self.stacks),
+            device=f"cuda:{device}",
+            source=self.source,
+            notes=notes,
+            category_method="heuristic (allocator stacks and annotations)",
+        )
+
+    # -- display -----------------------------------------------------------------------
+    def _text(self) -> str:
+        stats = self.stats()
+        head = (
+            f"MemorySnapshot {self.source or '(in memory)'}: {len(self.segments):,} segments, "
+            f"{len(self.blocks):,} blocks, {len(self.trace):,} trace entries on devices {self.devices()}"
+        )
+        lines = [head, *("  " + line for line in stats.lines())]
+        lines.append(f"  fragmentation of free memory: {100 * self.fragmentation():.1f}%")
+        if len(self.ooms):
+            lines.append(f"  out-of-memory events recorded: {len(self.ooms)}")
+        if len(self.trace) == 0:
+            lines.append(
+                "  no allocation history (record it with torch.cuda.memory._record_memory_history())"
+            )
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        import pandas as pd
+
+        stats = self.stats()
+        summary = pd.DataFrame(
+            {
+                "reserved": [format_bytes(stats.total_reserved)],
+                "allocated": [format_bytes(stats.total_allocated)],
+                "free (cached)": [format_bytes(stats.free_external)],
+                "free (rounding)": [format_bytes(stats.free_internal)],
+                "fragmentation": [f"{100 * self.fragmentation():.1f}%"],
+                "segments": [len(self.segments)],
+                "trace entries": [len(self.trace)],
+                "OOM events": [len(self.ooms)],
+            }
+        )
+        return (
+            f"<div class='nbt-snapshot'><b>MemorySnapshot</b> {escape(self.source)}"
+            f"{html_table(summary)}</div>"
+        )
+
+
+def _snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFrame, list[str]]:
+    """Memory events of one device from a snapshot's trace plus its live blocks.
+
+    Algorithm:
+
+    1. Walk the device's trace in order. ``alloc`` opens an allocation (+size);
+       ``free_completed`` closes it (-size). A ``free_completed`` of an address that was
+       never allocated in the trace was allocated before recording started: it gets a
+       ``preexisting`` row at time 0. ``free_requested`` (the free is only queued),
+       ``segment_*`` (reserved, not allocated, memory) and ``oom`` do not change
+       allocated bytes.
+    2. Blocks still ``active_allocated`` in the segments whose address was not opened
+       by the trace also existed before recording: ``preexisting`` rows at time 0.
+    3. Phase per allocation: ``optimizer`` if inside an ``Optimizer.*`` annotation range
+       or its stack runs in ``torch/optim``; ``backward`` if its stack runs in the autograd
+       engine; ``forward`` if it runs inside ``nn.Module.__call__``; else ``other``.
+    4. Category per allocation, from its phase and whether it outlives the run of
+       consecutive events of that phase: optimizer -> optimizer_state (outlives) or
+       temporary; backward -> gradient or autograd_detail; forward -> activation or
+       temporary; stacks under ``nn.Module._apply``/``to``/``Parameter`` -> parameter;
+       everything else (and pre-existing memory) -> unknown.
+    """
+    import numpy as np
+    import pandas as pd
+
+    trace = snapshot.trace[snapshot.trace["device"] == device]
+    notes: list[str] = []
+    has_time = bool(len(trace)) and not trace["time_us"].isna().any()
+    if len(trace) and not has_time:
+        notes.append("this snapshot records no time_us: the time axis is the trace entry index")
+    times_raw = (
+        trace["time_us"].to_numpy(dtype="float64") if has_time else np.arange(len(trace), dtype="float64")
+    )
+    start = float(times_raw.min()) if len(times_raw) else 0.0
+
+    # Optimizer ranges from annotations (START/END pairs by name).
+    optimizer_ranges: list[tuple[float, float]] = []
+    open_at: dict[str, float] = {}
+    ann = snapshot.annotations
+    for row in ann[ann["device"] == device].itertuples():
+        if not str(row.name).startswith("Optimizer."):
+            continue
+        if row.stage == "START":
+            open_at[str(row.name)] = float(row.time_us)
+        elif row.stage == "END" and str(row.name) in open_at:
+            optimizer_ranges.append((open_at.pop(str(row.name)), float(row.time_us)))
+
+    hints = snapshot.stack_hints
+    sources: dict[int, str] = {}
+
+    rows: list[
+        tuple[float, str, int, int, str, int, str]
+    ] = []  # time, action, delta, tensor, phase, stack, src
+    pre_rows: list[tuple[float, str, int, int, str, int, str]] = []
+    live: dict[int, tuple[int, int]] = {}  # addr -> (tensor id, size)
+    next_id = 0
+    actions = trace["action"].to_numpy()
+    addrs = trace["addr"].to_numpy()
+    sizes = trace["size"].to_numpy()
+    stack_ids = trace["stack_id"].to_numpy()
+    ooms = 0
+    for i in range(len(trace)):
+        action = actions[i]
+        t = float(times_raw[i]) - start
+        if action == "alloc":
+            sid = int(stack_ids[i])
+            phase = hints[sid] if sid >= 0 and hints[sid] in ("forward", "backward", "optimizer") else "other"
+            if has_time and any(a <= times_raw[i] <= b for a, b in optimizer_ranges):
+                phase = "optimizer"
+            if sid not in sources:
+                sources[sid] = snapshot.stack_sources[sid] if sid >= 0 else ""
+            live[int(addrs[i])] = (next_id, int(sizes[i]))
+            rows.append((t, "alloc", int(sizes[i]), next_id, phase, sid, sources[sid]))
+            next_id += 1
+        elif action == "free_completed":
+            addr = int(addrs[i])
+            if addr in live:
+                tensor, size = live.pop(addr)
+            else:
+                tensor, size = next_id, int(sizes[i])
+                next_id += 1
+                pre_rows.append((0.0, "preexisting", size, tensor, "before", -1, ""))
+            rows.append((t, "free", -size, tensor, "", int(stack_ids[i]), ""))
+        elif action == "oom":
+            ooms += 1
+    if ooms:
+        notes.append(f"{ooms} out-of-memory event(s) in the trace: see MemorySnapshot.ooms")
+    opened = {addr for addr, _ in live.items()}
+    blocks = snapshot.blocks
+    still = blocks[(blocks["device"] == device) & (blocks["state"] == "active_allocated")]
+    for block in still.itertuples():
+        if int(block.address) in opened:
+            continue
+        sid = int(block.stack_id)
+        # requested_size: the trace records the bytes asked for, not the rounded block size.
+        pre_rows.append(
+            (
+                0.0,
+                "preexisting",
+                int(block.requested_size),
+                next_id,
+                "before",
+                sid,
+                snapshot.stack_sources[sid] if sid >= 0 else "",
+            )
+        )
+        next_id += 1
+    if pre_rows:
+        notes.append(
+            f"{len(pre_rows):,} allocations existed before recording started "
+            f"({format_bytes(sum(r[2] for r in pre_rows))}): shown as 'preexisting' at time 0"
+        )
+    frame = pd.DataFrame(
+        pre_rows + rows, columns=["time_us", "action", "delta_bytes", "tensor", "phase", "stack_id", "source"]
+    )
+    frame["category"] = _infer_categories(frame, hints)
+    # A free inherits the phase of the moment it happens: the phase of the previous alloc.
+    phase = frame["phase"].replace("", np.nan).ffill().fillna("other")
+    frame["phase"] = phase.to_numpy()
+    return frame, notes
+
+
+def _infer_categories(frame: pd.DataFrame, hints: list[str]) -> Any:
+    """Step 4 of :func:`_snapshot_events`: category per row (frees copy their allocation's)."""
+    import numpy as np
+
+    n = len(frame)
+    categories = np.full(n, "unknown", dtype=object)
+    if n == 0:
+        return categories
+    phases = frame["phase"].to_numpy(dtype=object)
+    actions = frame["action"].to_numpy(dtype=object)
+    tensors = frame["tensor"].to_numpy()
+    stack_ids = frame["stack_id"].to_numpy()
+    # Runs of the same phase over alloc rows; a free belongs to the run that is open.
+    run_id = np.zeros(n, dtype="int64")
+    current = -1
+    last_phase = None
+    for i in range(n):
+        if actions[i] == "alloc" and phases[i] != last_phase:
+            current += 1
+            last_phase = phases[i]
+        run_id[i] = max(current, 0)
+    free_run: dict[int, int] = {}
+    for i in range(n):
+        if actions[i] == "free":
+            free_run[int(tensors[i])] = int(run_id[i])
+    survives_to = {
+        "optimizer": ("optimizer_state", "temporary"),
+        "backward": ("gradient", "autograd_detail"),
+        "forward": ("activation", "temporary"),
+    }
+    by_tensor: dict[int, str] = {}
+    for i in range(n):
+        if actions[i] != "alloc":
+            continue
+        tensor = int(tensors[i])
+        phase = phases[i]
+        sid = int(stack_ids[i])
+        if sid >= 0 and hints[sid] == "parameter" and phase != "optimizer":
+            category = "parameter"
+        elif phase in survives_to:
+            outlives = free_run.get(tensor, run_id[i] + 1) > run_id[i]
+            category = survives_to[phase][0 if outlives else 1]
+        else:
+            category = "unknown"
+        by_tensor[tensor] = category
+        categories[i] = category
+    for i in range(n):
+        if actions[i] == "free":
+            categories[i] = by_tensor.get(int(tensors[i]), "unknown")
+    return categories
