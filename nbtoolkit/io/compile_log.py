@@ -1,0 +1,203 @@
+"""Read TORCH_TRACE structured compile logs (what tlparse reads) into a :class:`GraphReport`.
+
+A TORCH_TRACE log (``TORCH_TRACE=/tmp/dir python train.py``) holds one glog-prefixed JSON
+envelope per line, each optionally followed by tab-indented payload lines::
+
+    V0403 07:28:48.061000 139877824898048 torch/_dynamo/output_graph.py:1139] {"dynamo_output_graph": ...}
+    \\tclass GraphModule(torch.nn.Module): ...
+
+``load_compile_log(path)`` reads one such file, or a folder of per-rank files
+(``dedicated_log_torch_trace_rank_N.log``), and returns the same
+:class:`~nbtoolkit.model.graphs.GraphReport` a live capture gives.
+
+Agreement with tlparse 0.4.3 (tested on its own inputs):
+
+- compile ids: every id of a record other than ``str`` in order of first appearance, as
+  the keys of tlparse's ``compile_directory.json`` (``report.compile_ids``, ``[x/y_z]``
+  written without brackets);
+- failures and restarts: ``report.failures`` has the rows of tlparse's
+  ``failures_and_restarts.html`` in the same order;
+- records of another rank than the first rank seen in a file are skipped (tlparse's
+  ``other_rank``), with a note.
+
+Damaged input is skipped, never fatal: a line whose glog prefix or JSON envelope does not
+parse is left out (with its payload lines); the report's ``notes`` list every skipped line
+and one :class:`CompileLogWarning` per file says how many were skipped. A payload whose MD5
+does not match its ``has_payload`` digest is noted and read as is, as tlparse does (its
+``fail_payload_md5``); a payload that then does not parse is ignored. In a folder, files that are
+not ``.log`` files or hold no structured record (stray or empty files) are skipped with a
+note. A path that does not exist, or a folder without any log, raises
+:class:`~nbtoolkit.errors.CompileLogError` naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nbtoolkit.errors import CompileLogError
+from nbtoolkit.io.compile_events import CompileEventParser
+
+if TYPE_CHECKING:
+    from nbtoolkit.model.graphs import GraphReport
+
+__all__ = ["CompileLogWarning", "load_compile_log"]
+
+_GLOG = re.compile(r"^[VIWEC]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} +\d+ [^:\]]+:\d+\] ")
+_RANK_IN_NAME = re.compile(r"rank_(\d+)")
+_MAX_NOTES_PER_FILE = 20
+
+
+class CompileLogWarning(UserWarning):
+    """Some lines of a TORCH_TRACE log were damaged and skipped (the report's notes list them)."""
+
+
+def load_compile_log(path: str | Path) -> GraphReport:
+    """Read a TORCH_TRACE log file, or a folder of per-rank logs, into a GraphReport.
+
+    Folders: every ``*.log`` file with at least one structured record is read; the rank
+    comes from ``rank_N`` in the file name, else from the records' ``rank`` field. Other
+    files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
+    ``path`` is missing or holds no readable log.
+    """
+    from nbtoolkit.model.graphs import GraphReport
+
+    target = Path(path).expanduser()
+    if not target.exists():
+        raise CompileLogError(f"compile log not found: {target}. Pass a TORCH_TRACE .log file or its folder.")
+    parser = CompileEventParser(source=str(target))
+    ranks: list[int] = []
+    if target.is_dir():
+        files = sorted(p for p in target.iterdir() if p.is_file())
+        read_any = False
+        for file in files:
+            if file.suffix != ".log":
+                parser.notes.append(f"skipped {file.name}: not a .log file")
+                continue
+            rank = _rank_from_name(file.name)
+            count = _read_file(file, parser, rank=rank, multi=True)
+            if count == 0:
+                parser.notes.append(
+                    f"skipped {file.name}: no structured compile records (empty or not a TORCH_TRACE log)"
+                )
+                continue
+            read_any = True
+            if rank is not None:
+                ranks.append(rank)
+        if not read_any:
+            raise CompileLogError(
+                f"no TORCH_TRACE log in folder {target}: expected files like "
+                "dedicated_log_torch_trace_rank_0.log written with TORCH_TRACE=<folder>"
+            )
+    else:
+        count = _read_file(target, parser, rank=None, multi=False)
+        if count == 0:
+            raise CompileLogError(
+                f"{target} holds no structured compile record: is it a TORCH_TRACE log "
+                "(lines like `V0403 07:28:48.051000 1234 torch/_dynamo/...] {{...}}`)?"
+            )
+    frames = parser.frames()
+    seen_ranks = sorted({r for r, _ in parser.compile_ids if r is not None})
+    multi = target.is_dir()
+    compile_ids = [f"{r}:{cid}" if multi and r is not None else cid for r, cid in parser.compile_ids]
+    return GraphReport(
+        **frames,
+        compile_ids=compile_ids,
+        source=str(target),
+        notes=parser.notes,
+        ranks=sorted(set(ranks) | set(seen_ranks)) if (ranks or seen_ranks) else [],
+    )
+
+
+def _rank_from_name(name: str) -> int | None:
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, multi: bool) -> int:
+    """Feed every record of one file to the parser; returns how many records were read."""
+    import orjson
+
+    try:
+        handle = file.open(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CompileLogError(f"cannot read compile log {file}: {exc.strerror or exc}") from None
+    skipped: list[str] = []
+    mismatched: list[str] = []
+    records = 0
+    file_rank: int | None = None  # tlparse: the first rank seen in a file is the file's rank
+    other_rank = 0
+    with handle:
+        pending: tuple[int, dict[str, object], list[str]] | None = None
+
+        def flush(entry: tuple[int, dict[str, object], list[str]]) -> None:
+            nonlocal records, file_rank, other_rank
+            lineno, envelope, payload_lines = entry
+            payload: str | None = None
+            digest = envelope.get("has_payload")
+            if digest is not None:
+                payload = "\n".join(payload_lines)
+                actual = hashlib.md5(payload.encode("utf-8"), usedforsecurity=False).hexdigest()
+                if actual != digest:
+                    # tlparse counts these (fail_payload_md5) and still reads the record; so do we.
+                    mismatched.append(
+                        f"{file.name}:{lineno}: payload does not match its MD5 digest (read as is)"
+                    )
+            env_rank = envelope.get("rank")
+            if isinstance(env_rank, int):
+                if file_rank is None:
+                    file_rank = env_rank
+                elif env_rank != file_rank:
+                    other_rank += 1
+                    return
+            records += 1
+            parser.add(envelope, payload, rank=rank)  # None: the envelope's own rank, if any
+
+        for lineno, raw in enumerate(handle, start=1):
+            line = raw.rstrip("\n")
+            if not line:
+                continue  # tlparse: blank lines are never valid (a blank payload line is a lone tab)
+            if line.startswith("\t"):
+                if pending is not None:
+                    pending[2].append(line[1:])
+                continue  # payload of a damaged envelope: skipped with it
+            if pending is not None:
+                flush(pending)
+                pending = None
+            m = _GLOG.match(line)
+            if m is None:
+                skipped.append(f"{file.name}:{lineno}: not a glog-prefixed structured log line")
+                continue
+            try:
+                envelope = orjson.loads(line[m.end() :])
+            except orjson.JSONDecodeError:
+                skipped.append(f"{file.name}:{lineno}: the JSON envelope does not parse")
+                continue
+            if not isinstance(envelope, dict):
+                skipped.append(f"{file.name}:{lineno}: the JSON envelope is not an object")
+                continue
+            pending = (lineno, envelope, [])
+        if pending is not None:
+            flush(pending)
+    if other_rank:
+        parser.notes.append(f"{file.name}: skipped {other_rank} records of ranks other than {file_rank}")
+    if mismatched and records:
+        parser.notes.extend(mismatched[:_MAX_NOTES_PER_FILE])
+        if len(mismatched) > _MAX_NOTES_PER_FILE:
+            parser.notes.append(f"{file.name}: {len(mismatched) - _MAX_NOTES_PER_FILE} more MD5 mismatches")
+    if skipped and records:
+        parser.notes.extend(skipped[:_MAX_NOTES_PER_FILE])
+        if len(skipped) > _MAX_NOTES_PER_FILE:
+            parser.notes.append(
+                f"{file.name}: {len(skipped) - _MAX_NOTES_PER_FILE} more damaged lines skipped"
+            )
+        warnings.warn(
+            f"{file}: skipped {len(skipped)} damaged line(s), first at {skipped[0].split(': ', 1)[0]} "
+            "(see report.notes)",
+            CompileLogWarning,
+            stacklevel=3,
+        )
+    return records
