@@ -42,7 +42,7 @@ from nbtoolkit.model._result import Result, escape, html_table
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankInfo", "Trace"]
+__all__ = ["KernelBreakdown", "RankInfo", "StragglerReport", "Trace"]
 
 _FORMAT_VERSION = 1
 EVENT_COLUMNS = ("ts", "dur", "name", "cat", "pid", "tid", "stream", "device", "correlation", "external_id")
@@ -322,6 +322,81 @@ class Trace(Result):
                 pq.read_table(coll_path).to_pandas() if coll_path.exists() else empty_collectives()
             )
         return cls(events=events, info=info, collectives=collectives, notes=list(meta.get("notes", [])))
+
+
+@dataclass(repr=False)
+class KernelBreakdown(Result):
+    """Device time per kernel type (``by_type``) and per kernel (``by_kernel``).
+
+    See ``nbt.kernel_breakdown`` for the definitions.
+    """
+
+    by_type: pd.DataFrame
+    by_kernel: pd.DataFrame
+
+    def _text(self) -> str:
+        if not len(self.by_type):
+            return "Kernel breakdown: no device kernels in the trace"
+        lines = ["Kernel time by type (all ranks):"]
+        lines += [
+            f"  {row.sum_us / 1e3:12.3f} ms  {row.percentage:5.1f} %  {row.kernel_type}"
+            for row in self.by_type.itertuples(index=False)
+        ]
+        top = self.by_kernel.sort_values(["sum_us", "name"], ascending=[False, True]).head(10)
+        lines.append("Top kernels:")
+        lines += [
+            f"  rank {row.rank}  {row.sum_us / 1e3:10.3f} ms  {row.calls:6d} calls  {row.kernel_type:13s}"
+            f"  {_short(str(row.name), 70)}"
+            for row in top.itertuples(index=False)
+        ]
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        if not len(self.by_type):
+            return "<p>Kernel breakdown: no device kernels in the trace</p>"
+        top = self.by_kernel.sort_values(["sum_us", "name"], ascending=[False, True]).head(20)
+        return (
+            "<p><b>Kernel time by type</b> (all ranks, µs)</p>"
+            + html_table(self.by_type)
+            + "<p><b>Top kernels</b> (µs)</p>"
+            + html_table(top)
+        )
+
+
+@dataclass(repr=False)
+class StragglerReport(Result):
+    """Per-rank step/work/communication-wait times and the slowest rank; see ``nbt.stragglers``."""
+
+    table: pd.DataFrame
+    slowest_rank: int
+    slowdown_pct: float
+    threshold_pct: float
+
+    @property
+    def has_straggler(self) -> bool:
+        return bool(self.table["is_straggler"].any())
+
+    def _headline(self) -> str:
+        if len(self.table) < 2:
+            return f"Stragglers: one rank only (rank {self.slowest_rank}); nothing to compare"
+        if self.has_straggler:
+            return (
+                f"Straggler: rank {self.slowest_rank} works {self.slowdown_pct:.1f} % longer per step "
+                "than the median rank; the others wait for it in collectives"
+            )
+        return (
+            f"No straggler: the slowest rank ({self.slowest_rank}) is {self.slowdown_pct:.1f} % above "
+            f"the median (threshold {self.threshold_pct:g} %)"
+        )
+
+    def _text(self) -> str:
+        shown = self.table.round(3).to_string(index=False)
+        return self._headline() + "\n" + shown
+
+    def _html(self) -> str:
+        return f"<p><b>{escape(self._headline())}</b></p>" + html_table(
+            self.table, max_rows=64, float_format="{:,.3f}"
+        )
 
 
 def empty_collectives() -> pd.DataFrame:

@@ -1,0 +1,123 @@
+"""The device-kernel view of a rank that HolisticTraceAnalysis (HTA 0.5) analyses, computed our way.
+
+HTA's numbers depend on three preprocessing rules, reproduced here so that nbtoolkit's
+breakdowns and overlap give HTA's numbers on the same trace:
+
+1. Times in whole microseconds: ``ts`` is rounded up, ``end = ts + dur`` is rounded
+   down, ``dur = end - ts`` (HTA does this for ns-resolution traces to avoid spurious
+   overlaps; it is a no-op for integral times). Unlike HTA we clip the few intervals
+   this makes negative (sub-µs events) to zero length, which is why nbtoolkit stays
+   consistent (idle + compute + non-compute = span) where HTA's assertion fails.
+2. The last ProfilerStep is left out unless asked (HTA's ``include_last_profiler_step=False``),
+   and only when the trace has two or more ProfilerStep labels: host events are kept when
+   they start before the last step starts, device events when the host event that
+   launched them (same ``correlation``) is kept.
+3. A device event is any event with a stream (``stream != -1``). Its kernel type is
+   COMMUNICATION for ``nccl...Kernel`` names, MEMORY for names starting ``Memcpy``,
+   ``Memset`` or ``dma``, OTHER for synchronisation events and other memcpy/memset names,
+   and COMPUTATION for the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.model.trace import Trace
+
+__all__ = ["COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "DeviceView", "device_view", "kernel_types"]
+
+COMMUNICATION = "COMMUNICATION"
+MEMORY = "MEMORY"
+COMPUTATION = "COMPUTATION"
+OTHER = "OTHER"
+
+_COMM_RE = re.compile(r"^nccl.*Kernel")
+_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+_SYNC_NAMES = ("Event Sync", "Context Sync")
+
+
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of one device event name."""
+    if _COMM_RE.match(name):
+        return COMMUNICATION
+    if _MEMORY_RE.match(name):
+        return MEMORY
+    if _NOT_COMPUTE_RE.match(name):
+        return OTHER
+    return COMPUTATION
+
+
+def kernel_types(names: pd.Series) -> np.ndarray:
+    """Kernel type per row of a categorical name column (classified once per distinct name)."""
+    codes = names.cat.codes.to_numpy()
+    table = np.array([kernel_type(str(c)) for c in names.cat.categories] + [OTHER], dtype=object)
+    return table[codes]  # code -1 (missing) maps to the trailing OTHER
+
+
+@dataclass
+class DeviceView:
+    """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``."""
+
+    rank: int
+    host: pd.DataFrame  # kept host events (stream == -1) with integer-µs ts/end
+    device: pd.DataFrame  # kept device events (stream != -1) with ts/end and kernel_type
+    filtered: bool  # whether the last ProfilerStep was left out
+
+
+def count_step_labels(trace: Trace) -> int:
+    """Distinct names containing ``ProfilerStep`` over all ranks (HTA's rule for filtering)."""
+    labels: set[str] = set()
+    for frame in trace.events.values():
+        labels.update(str(c) for c in frame["name"].cat.categories if "ProfilerStep" in str(c))
+    return len(labels)
+
+
+def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> DeviceView:
+    """HTA's preprocessed events of one rank (see the module docstring)."""
+    frame = trace.rank_events(rank)
+    frame = frame[frame["cat"].astype(str) != ""]  # HTA drops events without a category
+    ts_raw = frame["ts"].to_numpy()
+    ts = np.ceil(ts_raw)
+    end = np.maximum(np.floor(ts_raw + frame["dur"].to_numpy()), ts)
+    stream = frame["stream"].to_numpy()
+    correlation = frame["correlation"].to_numpy()
+    names = frame["name"]
+    is_sync = names.isin(_SYNC_NAMES).to_numpy()
+    on_gpu = ((stream >= 0) & (correlation >= 0)) | is_sync
+
+    keep = np.ones(len(frame), dtype=bool)
+    filtered = False
+    if count_step_labels(trace) >= 2:
+        step_names = [c for c in names.cat.categories if "ProfilerStep" in str(c)]
+        is_step = names.isin(step_names).to_numpy() & ~on_gpu
+        if is_step.any():
+            last_start = ts[is_step].max()
+            last_end = end[is_step].max()
+            keep_host = ~on_gpu & ((ts <= last_end) if include_last_step else (ts < last_start))
+        else:  # HTA compares with NaN here: no host event survives
+            keep_host = np.zeros(len(frame), dtype=bool)
+        kept_corr = np.unique(correlation[keep_host])
+        keep_gpu = on_gpu & np.isin(correlation, kept_corr)
+        keep = keep_host | keep_gpu
+        filtered = not include_last_step
+
+    columns = frame.assign(ts=ts, end=end)
+    host = columns[keep & (stream == -1)]
+    device = columns[keep & (stream != -1)]
+    device = device.assign(kernel_type=kernel_types(device["name"]))
+    return DeviceView(rank=rank, host=host, device=device, filtered=filtered)
+
+
+def merged(view_device: pd.DataFrame, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    from nbtoolkit.analysis._intervals import merge
+
+    rows = view_device if kind is None else view_device[view_device["kernel_type"].to_numpy() == kind]
+    return merge(rows["ts"].to_numpy(), rows["end"].to_numpy())

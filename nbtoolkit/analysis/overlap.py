@@ -1,0 +1,295 @@
+"""Does communication hide behind computation? Per rank, per iteration, per collective call.
+
+GPU/accelerator ranks use HolisticTraceAnalysis's definition (HTA 0.5
+``get_comm_comp_overlap``) and give its number:
+
+- communication time = union of the intervals of communication kernels
+  (``nccl...Kernel``; HTA's kernel types, see ``nbtoolkit.analysis._kernels``);
+- overlap time = the part of it during which at least one COMPUTATION kernel runs
+  (memcpy/memset and sync events are neither);
+- ``overlap_pct = 100 * overlap / communication``; ``exposed_comm_us = communication -
+  overlap`` is the communication nothing hides (nbtoolkit's addition).
+
+CPU ranks (no device kernels, e.g. DDP with gloo) have no HTA definition; nbtoolkit's:
+
+- communication = union of the collectives' intervals: host events named ``gloo:*``
+  (the annotations and ops of gloo collectives, on any thread, including gloo's own
+  worker threads);
+- compute = union of the rank's own operators (``cpu_op`` events) on its *main threads*
+  (threads with at least one operator that is not communication), leaving out
+  communication ops themselves (names starting ``gloo:``, ``c10d``, ``nccl:``,
+  ``record_param_comms``, ``ProcessGroup``) and leaving out the time when that same
+  thread is inside such a communication op (a thread blocked in a collective is not
+  computing);
+- overlap, overlap_pct and exposed_comm_us as above.
+
+Windows: like HTA, the last ProfilerStep is left out unless ``include_last_step=True``
+(only when the trace has two or more ProfilerStep labels).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from nbtoolkit.analysis import _kernels as k
+from nbtoolkit.analysis._intervals import covered_per_interval, intersection_length, merge
+from nbtoolkit.errors import NbtUsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.model.trace import Trace
+
+__all__ = ["comm_comp_overlap", "host_comm_and_compute"]
+
+COMM_PREFIXES = ("gloo:", "c10d", "nccl:", "record_param_comms", "ProcessGroup", "_c10d", "hccl:")
+Intervals = tuple[np.ndarray, np.ndarray]
+
+
+def comm_comp_overlap(
+    trace: Trace,
+    *,
+    by: Literal["rank", "iteration", "collective"] = "rank",
+    include_last_step: bool = False,
+) -> pd.DataFrame:
+    """Communication/computation overlap (definitions in the module docstring).
+
+    Args:
+        by: ``"rank"`` (default): one row per rank with ``rank, comm_time_us,
+            overlap_time_us, overlap_pct, exposed_comm_us, method`` (``method`` is
+            ``hta-gpu`` or ``cpu-gloo``). ``"iteration"``: the same per rank and
+            ProfilerStep (column ``step``; device work belongs to the step in which the
+            host launched it). ``"collective"``: one row per communication kernel or
+            collective call: ``rank, name, collective, ts, dur_us, overlap_time_us,
+            overlap_pct, exposed_comm_us`` (each call against the merged compute of its rank).
+        include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
+
+    ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
+    """
+    import pandas as pd
+
+    if by not in ("rank", "iteration", "collective"):
+        raise NbtUsageError(f"by must be 'rank', 'iteration' or 'collective', got {by!r}")
+    rows: list[dict[str, object]] = []
+    for rank in trace.ranks:
+        comm_calls, comp_events, comp_steps, method = _comm_and_comp(
+            trace, rank, include_last_step=include_last_step
+        )
+        comp = merge(*comp_events)
+        if by == "rank":
+            comm = merge(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy())
+            rows.append({"rank": rank, **_overlap_numbers(comm, comp), "method": method})
+        elif by == "iteration":
+            for step, step_calls in comm_calls.groupby("step", sort=True):
+                if step < 0:
+                    continue
+                comm = merge(step_calls["ts"].to_numpy(), step_calls["end"].to_numpy())
+                in_step = comp_steps == step
+                comp_step = merge(comp_events[0][in_step], comp_events[1][in_step])
+                rows.append(
+                    {"rank": rank, "step": int(step), **_overlap_numbers(comm, comp_step), "method": method}
+                )
+        else:
+            dur = (comm_calls["end"] - comm_calls["ts"]).to_numpy()
+            covered = covered_per_interval(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy(), comp)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                pct = np.where(dur > 0, 100.0 * covered / np.where(dur > 0, dur, 1.0), np.nan)
+            for i, call in enumerate(comm_calls.itertuples(index=False)):
+                rows.append(
+                    {
+                        "rank": rank,
+                        "name": str(call.name),
+                        "collective": call.collective,
+                        "ts": float(call.ts),
+                        "dur_us": float(dur[i]),
+                        "overlap_time_us": float(covered[i]),
+                        "overlap_pct": float(pct[i]),
+                        "exposed_comm_us": float(dur[i] - covered[i]),
+                    }
+                )
+    columns = {
+        "rank": ["rank", "comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"],
+        "iteration": [
+            "rank",
+            "step",
+            "comm_time_us",
+            "overlap_time_us",
+            "overlap_pct",
+            "exposed_comm_us",
+            "method",
+        ],
+        "collective": [
+            "rank",
+            "name",
+            "collective",
+            "ts",
+            "dur_us",
+            "overlap_time_us",
+            "overlap_pct",
+            "exposed_comm_us",
+        ],
+    }[by]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _overlap_numbers(comm: Intervals, comp: Intervals) -> dict[str, float]:
+    comm_time = float((comm[1] - comm[0]).sum())
+    overlap = intersection_length(comm, comp)
+    return {
+        "comm_time_us": comm_time,
+        "overlap_time_us": overlap,
+        "overlap_pct": 100.0 * overlap / comm_time if comm_time > 0 else float("nan"),
+        "exposed_comm_us": comm_time - overlap,
+    }
+
+
+def _comm_and_comp(
+    trace: Trace, rank: int, *, include_last_step: bool
+) -> tuple[pd.DataFrame, Intervals, np.ndarray, str]:
+    """Communication calls (ts, end, name, collective, step), compute intervals (unmerged) with
+    their steps, and the method name.
+
+    Device work belongs to the step in which the host launched it (device clocks run behind
+    the host's, so a kernel often runs after its step ended on the host).
+    """
+    view = k.device_view(trace, rank, include_last_step=include_last_step)
+    windows = _step_windows(view.host)
+    if len(view.device):
+        device = view.device
+        kinds = device["kernel_type"].to_numpy()
+        comm_calls = device[kinds == k.COMMUNICATION]
+        comp_rows = device[kinds == k.COMPUTATION]
+        comm_calls = comm_calls.assign(
+            collective=_collective_names(trace, rank, comm_calls),
+            step=_launch_steps(view, comm_calls, windows),
+        )
+        comp_events = (comp_rows["ts"].to_numpy(), comp_rows["end"].to_numpy())
+        comp_steps = _launch_steps(view, comp_rows, windows)
+        return comm_calls[["ts", "end", "name", "collective", "step"]], comp_events, comp_steps, "hta-gpu"
+    comm_calls, comp = _host_comm_calls_and_compute(view.host)
+    comm_calls = comm_calls.assign(
+        collective=comm_calls["name"].astype(str).str.split(":", n=1).str[-1],
+        step=_step_of(comm_calls["ts"].to_numpy(), windows),
+    )
+    return (
+        comm_calls[["ts", "end", "name", "collective", "step"]],
+        comp,
+        _step_of(comp[0], windows),
+        "cpu-gloo",
+    )
+
+
+def host_comm_and_compute(
+    trace: Trace, rank: int, *, include_last_step: bool = False
+) -> tuple[Intervals, Intervals, float, float]:
+    """Merged communication and compute intervals of a CPU rank, plus the first/last host time."""
+    view = k.device_view(trace, rank, include_last_step=include_last_step)
+    calls, comp = _host_comm_calls_and_compute(view.host)
+    comm = merge(calls["ts"].to_numpy(), calls["end"].to_numpy())
+    ops = view.host[view.host["cat"].isin(["cpu_op"]).to_numpy() | _is_comm_name(view.host["name"])]
+    if len(ops):
+        first, last = float(ops["ts"].min()), float(ops["end"].max())
+    else:
+        first = last = 0.0
+    return comm, comp, first, last
+
+
+def _is_comm_name(names: pd.Series) -> np.ndarray:
+    categories = names.cat.categories
+    flags = np.array([str(c).startswith(COMM_PREFIXES) for c in categories] + [False])
+    return flags[names.cat.codes.to_numpy()]
+
+
+def _host_comm_calls_and_compute(host: pd.DataFrame) -> tuple[pd.DataFrame, Intervals]:
+    names = host["name"]
+    gloo_flags = np.array([str(c).startswith("gloo:") for c in names.cat.categories] + [False])
+    is_gloo = gloo_flags[names.cat.codes.to_numpy()]
+    comm_calls = host[is_gloo]
+    is_comm = _is_comm_name(names)
+    is_op = (host["cat"] == "cpu_op").to_numpy()
+    threads = host[["pid", "tid"]].to_numpy()
+    compute_parts_s, compute_parts_e = [], []
+    if len(host):
+        lane_keys = threads[:, 0] * (1 << 32) + threads[:, 1]
+        main_lanes = np.unique(lane_keys[is_op & ~is_comm])
+        for lane in main_lanes:
+            on = lane_keys == lane
+            ops = on & is_op & ~is_comm
+            comp = merge(host["ts"].to_numpy()[ops], host["end"].to_numpy()[ops])
+            blocked = merge(host["ts"].to_numpy()[on & is_comm], host["end"].to_numpy()[on & is_comm])
+            comp = _subtract(comp, blocked)
+            compute_parts_s.append(comp[0])
+            compute_parts_e.append(comp[1])
+    if compute_parts_s:
+        comp_all = merge(np.concatenate(compute_parts_s), np.concatenate(compute_parts_e))
+    else:
+        comp_all = (np.empty(0), np.empty(0))
+    return comm_calls, comp_all
+
+
+def _subtract(a: Intervals, b: Intervals) -> Intervals:
+    """Merged ``a`` minus merged ``b``, as merged intervals."""
+    if len(b[0]) == 0 or len(a[0]) == 0:
+        return a
+    # Boundaries of a and b; keep the pieces inside a and outside b.
+    points = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
+    mids = (points[:-1] + points[1:]) / 2
+    in_a = _inside(mids, a)
+    in_b = _inside(mids, b)
+    keep = in_a & ~in_b
+    return merge(points[:-1][keep], points[1:][keep])
+
+
+def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
+    starts, ends = merged_intervals
+    i = np.searchsorted(starts, x, side="right") - 1
+    ok = i >= 0
+    result = np.zeros(len(x), dtype=bool)
+    result[ok] = x[ok] < ends[i[ok]]
+    return result
+
+
+def _step_windows(host: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    from nbtoolkit.io.kineto import parse_profiler_step
+
+    names = host["name"]
+    step_names = [c for c in names.cat.categories if str(c).startswith("ProfilerStep")]
+    rows = host[names.isin(step_names).to_numpy() & (host["stream"].to_numpy() < 0)]
+    windows: dict[int, tuple[float, float]] = {}
+    for name, ts, end in zip(rows["name"].astype(str), rows["ts"], rows["end"], strict=True):
+        step = parse_profiler_step(name)
+        old = windows.get(step)
+        windows[step] = (min(ts, old[0]), max(end, old[1])) if old else (float(ts), float(end))
+    return windows
+
+
+def _step_of(ts: np.ndarray, windows: dict[int, tuple[float, float]]) -> np.ndarray:
+    out = np.full(len(ts), -1, dtype=np.int64)
+    for step, (start, end) in sorted(windows.items()):
+        out[(ts >= start) & (ts < end) & (out < 0)] = step
+    return out
+
+
+def _launch_steps(
+    view: k.DeviceView, calls: pd.DataFrame, windows: dict[int, tuple[float, float]]
+) -> np.ndarray:
+    """The step of each device call: that of the host event that launched it, else its own start."""
+    host = view.host[view.host["correlation"].to_numpy() >= 0]
+    launch = host.drop_duplicates("correlation", keep="last").set_index("correlation")["ts"]
+    launched = calls["correlation"].map(launch).to_numpy(dtype=np.float64) if len(calls) else np.empty(0)
+    ts = np.where(np.isnan(launched), calls["ts"].to_numpy(), launched)
+    return _step_of(ts, windows)
+
+
+def _collective_names(trace: Trace, rank: int, calls: pd.DataFrame) -> list[object]:
+    """Collective name of each communication kernel, from its own args or its launching op's."""
+    coll = trace.collectives.get(rank)
+    if coll is None or not len(coll) or not len(calls):
+        return [None] * len(calls)
+    events = trace.events[rank]
+    rows = events.iloc[coll["row"].to_numpy()]
+    by_external = dict(zip(rows["external_id"].to_numpy(), coll["collective"], strict=True))
+    by_external.pop(-1, None)
+    return [by_external.get(ext) for ext in calls["external_id"].to_numpy()]

@@ -1,0 +1,78 @@
+"""Which rank holds the others back, and by how much.
+
+In synchronous training every rank finishes a step at about the same time, because the
+collectives make the fast ranks wait for the slow one. The slow rank is therefore not the
+one with the longest step but the one that waits least: its *work time*
+(step time minus exposed communication, i.e. time not spent waiting in a collective)
+is the largest.
+
+Per rank (times in ms, averaged over the analysed steps, or over the whole trace when it has
+no ProfilerStep annotations):
+
+- ``step_time_ms``: mean duration of the rank's ProfilerSteps (host clock);
+- ``exposed_comm_ms``: communication not hidden behind compute (:func:`comm_comp_overlap`)
+  divided by the number of steps;
+- ``work_ms = step_time_ms - exposed_comm_ms``;
+- ``slowdown_pct``: ``100 * (work_ms / median work_ms - 1)``;
+- ``is_straggler``: the rank with the largest ``work_ms`` when its slowdown is at least
+  ``threshold_pct`` (default 5 %).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from nbtoolkit.model.trace import StragglerReport, Trace
+
+__all__ = ["stragglers"]
+
+
+def stragglers(
+    trace: Trace, *, threshold_pct: float = 5.0, include_last_step: bool = False
+) -> StragglerReport:
+    """Per-rank step, work and communication-wait times, and the slowest rank (see the module docstring)."""
+    import pandas as pd
+
+    from nbtoolkit.analysis import _kernels as k
+    from nbtoolkit.analysis.overlap import comm_comp_overlap
+    from nbtoolkit.model.trace import StragglerReport
+
+    overlap = comm_comp_overlap(trace, include_last_step=include_last_step).set_index("rank")
+    steps = trace.steps
+    filtered = k.count_step_labels(trace) >= 2 and not include_last_step
+    rows = []
+    for rank in trace.ranks:
+        rank_steps = steps[steps["rank"] == rank].sort_values("step")
+        if filtered and len(rank_steps) >= 2:
+            rank_steps = rank_steps.iloc[:-1]  # the same steps the overlap analysis used
+        if len(rank_steps):
+            n_steps = len(rank_steps)
+            step_ms = float(rank_steps["dur"].mean()) / 1e3
+        else:
+            frame = trace.events[rank]
+            n_steps = 1
+            step_ms = float((frame["ts"] + frame["dur"]).max() - frame["ts"].min()) / 1e3
+        exposed = float(overlap.loc[rank, "exposed_comm_us"]) / 1e3 / n_steps
+        comm = float(overlap.loc[rank, "comm_time_us"]) / 1e3 / n_steps
+        rows.append(
+            {
+                "rank": rank,
+                "steps": n_steps,
+                "step_time_ms": step_ms,
+                "comm_ms": comm,
+                "exposed_comm_ms": exposed,
+                "work_ms": step_ms - exposed,
+            }
+        )
+    table = pd.DataFrame(rows)
+    median = float(table["work_ms"].median())
+    table["slowdown_pct"] = 100.0 * (table["work_ms"] / median - 1.0) if median > 0 else np.nan
+    slowest = int(table.loc[table["work_ms"].idxmax(), "rank"])
+    slowdown = float(table.loc[table["rank"] == slowest, "slowdown_pct"].iloc[0])
+    table["is_straggler"] = (table["rank"] == slowest) & (table["slowdown_pct"] >= threshold_pct)
+    return StragglerReport(
+        table=table, slowest_rank=slowest, slowdown_pct=slowdown, threshold_pct=threshold_pct
+    )
