@@ -1,0 +1,332 @@
+"""The code that runs inside one rank worker: a persistent namespace and a torch.distributed group.
+
+:class:`RankActor` is a plain class; :mod:`nbtoolkit.cluster.ranks` turns it into a Ray
+actor (``ray.remote(...)(RankActor)``) with two concurrency groups:
+
+- the default group (one thread) runs the user's cells, one at a time, in the rank's
+  namespace, so that state (models, optimizers, the process group) survives across cells;
+- the ``control`` group (one more thread) answers while a cell runs: it hands over the
+  output the cell printed so far (live, rank-prefixed streaming in the notebook), reports
+  the rank's state, and interrupts the running cell (Ctrl-C in the notebook).
+
+Interrupting raises ``KeyboardInterrupt`` in the cell's thread with
+``PyThreadState_SetAsyncExc``: Python delivers it at the next bytecode, so a cell looping
+in Python (or sleeping in short steps) stops at once; a cell blocked inside one long C call
+(a collective waiting for a peer) stops when that call returns, at the latest when the
+collective timeout set on the process group expires.
+
+This module imports neither ray nor torch at import time: Ray imports it on each worker.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import io
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CellOutcome", "RankActor", "compile_cell"]
+
+# What one run of a cell sends back to the notebook: plain builtins only (cheap to pickle).
+CellOutcome = dict[str, Any]
+
+_CELL_FILENAME = "<remote-cell>"
+
+
+def compile_cell(source: str) -> tuple[Any, Any]:
+    """Compile a cell into (body, last-expression) code objects, like IPython runs a cell.
+
+    The value of a trailing expression is the cell's value; everything before it is executed.
+    """
+    tree = ast.parse(source, filename=_CELL_FILENAME)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last_stmt = tree.body.pop()
+        assert isinstance(last_stmt, ast.Expr)
+        last = ast.Expression(last_stmt.value)
+    body = compile(tree, _CELL_FILENAME, "exec")
+    tail = compile(last, _CELL_FILENAME, "eval") if last is not None else None
+    return body, tail
+
+
+class _OutputSink:
+    """Collects what a cell prints, as (stream, text) chunks, until the notebook takes them."""
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def write(self, stream: str, text: str) -> None:
+        if text:
+            with self._lock:
+                if self._chunks and self._chunks[-1][0] == stream:
+                    self._chunks[-1] = (stream, self._chunks[-1][1] + text)
+                else:
+                    self._chunks.append((stream, text))
+
+    def take(self) -> list[tuple[str, str]]:
+        with self._lock:
+            chunks, self._chunks = self._chunks, []
+        return chunks
+
+
+class _SinkStream(io.TextIOBase):
+    """A text stream standing in for sys.stdout / sys.stderr while a cell runs."""
+
+    def __init__(self, sink: _OutputSink, name: str) -> None:
+        super().__init__()
+        self._sink = sink
+        self._name = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._sink.write(self._name, text)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Unshippable:
+    """Stands in for a cell value that cannot be pickled back to the notebook."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _shippable(value: Any) -> Any:
+    """The value itself if it pickles, else a stand-in showing its repr."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    try:
+        from ray import cloudpickle  # the pickler Ray ships results with
+
+        cloudpickle.dumps(value)
+    except Exception as exc:  # any pickling failure: send the repr instead
+        return _Unshippable(f"{_safe_repr(value)}  (not picklable: {type(exc).__name__})")
+    return value
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not break the cell's result
+        text = f"<{type(value).__name__} (repr failed: {exc!r})>"
+    return text if len(text) <= 2000 else text[:2000] + "…"
+
+
+def _remote_traceback(exc: BaseException) -> str:
+    """The traceback of an exception in user code, without this module's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+class RankActor:
+    """One rank: its namespace, its process-group membership, its running cell."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.namespace: dict[str, Any] = {
+            "__name__": "__nbt_remote__",
+            "rank": rank,
+            "world_size": world_size,
+        }
+        self._sink = _OutputSink()
+        self._lock = threading.Lock()
+        self._running_thread: int | None = None
+        self._running_since: float | None = None
+        self._cells_run = 0
+        self._backend: str | None = None
+        self._device = "cpu"
+
+    # ---- setup ----
+    def node_info(self) -> dict[str, Any]:
+        """Where this rank lives: pid, host, IP, GPUs Ray gave it, and a free port (for rank 0)."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            free_port = probe.getsockname()[1]
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "free_port": free_port,
+        }
+
+    def setup_process_group(
+        self, master_addr: str, master_port: int, backend: str, timeout_s: float
+    ) -> dict[str, Any]:
+        """Join the torch.distributed group (all ranks call this at once).
+
+        Sets the variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+        MASTER_PORT) so that DDP, DeepSpeed and user code find them as usual. The collective
+        timeout bounds how long a rank waits for a peer that died or hangs.
+        """
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(
+            {
+                "RANK": str(self.rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": "0",  # Ray gives each rank its own devices: its local device is 0
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+            }
+        )
+        if backend == "nccl":
+            torch.cuda.set_device(0)
+            self._device = "cuda:0"
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self._backend = backend
+        self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
+        return {"backend": backend, "device": self._device}
+
+    # ---- running code ----
+    def run_cell(self, source: str) -> CellOutcome:
+        """Run a cell's source in the rank's namespace; its last expression is the value."""
+        try:
+            body, tail = compile_cell(source)
+        except SyntaxError as exc:
+            return self._outcome(None, "".join(traceback.format_exception_only(type(exc), exc)).rstrip(), 0.0)
+
+        def cell() -> Any:
+            exec(body, self.namespace)  # noqa: S102 - running the user's cell is the point
+            return eval(tail, self.namespace) if tail is not None else None  # noqa: S307 - same
+
+        return self._run(cell)
+
+    def run_function(
+        self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> CellOutcome:
+        """Call a function (shipped from the notebook) on this rank."""
+        return self._run(lambda: fn(*args, **(kwargs or {})))
+
+    def run_tool(self, module: str, name: str, payload: Any, kwargs: dict[str, Any]) -> CellOutcome:
+        """Call ``module.name(step, **kwargs)`` where step runs the payload (a cell or a function).
+
+        The tools (a profiler capture, a memory timeline, a DeepSpeed sweep step) live in
+        nbtoolkit and are imported here, on the rank.
+        """
+        import importlib
+
+        step = self.as_callable(payload)
+        tool = getattr(importlib.import_module(module), name)
+        return self._run(lambda: tool(step, **kwargs))
+
+    def as_callable(self, payload: Any) -> Callable[[], Any]:
+        """A zero-argument callable running a cell source (in the namespace) or a function."""
+        if callable(payload):
+            return payload
+        body, tail = compile_cell(str(payload))
+
+        def cell() -> Any:
+            exec(body, self.namespace)  # noqa: S102 - the user's own code
+            return eval(tail, self.namespace) if tail is not None else None  # noqa: S307 - same
+
+        return cell
+
+    def _run(self, work: Callable[[], Any]) -> CellOutcome:
+        started = time.perf_counter()
+        stdout, stderr = sys.stdout, sys.stderr
+        value: Any = None
+        error: str | None = None
+        tid = threading.get_ident()
+        try:
+            with self._lock:
+                self._running_thread = tid
+                self._running_since = time.time()
+            sys.stdout = _SinkStream(self._sink, "stdout")
+            sys.stderr = _SinkStream(self._sink, "stderr")
+            try:
+                value = _shippable(work())
+            except KeyboardInterrupt:
+                error = "KeyboardInterrupt: the cell was interrupted"
+            except BaseException as exc:  # the user's exception, whatever it is, goes back as text
+                error = _remote_traceback(exc)
+            finally:
+                with self._lock:
+                    self._running_thread = None
+                    self._running_since = None
+                # An interrupt that arrived as the cell ended must not hit Ray's own code.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+                sys.stdout, sys.stderr = stdout, stderr
+                self._cells_run += 1
+        except KeyboardInterrupt:  # a late interrupt landed in the bookkeeping above
+            sys.stdout, sys.stderr = stdout, stderr
+            error = error or "KeyboardInterrupt: the cell was interrupted"
+        return self._outcome(value, error, time.perf_counter() - started)
+
+    def _outcome(self, value: Any, error: str | None, elapsed_s: float) -> CellOutcome:
+        return {
+            "rank": self.rank,
+            "value": value,
+            "error": error,
+            "output": self._sink.take(),
+            "elapsed_s": elapsed_s,
+        }
+
+    # ---- variables ----
+    def push(self, values: dict[str, Any]) -> CellOutcome:
+        """Set variables in the namespace (values pushed from the notebook)."""
+        return self._run(lambda: self.namespace.update(values))
+
+    def shutdown_group(self) -> None:
+        """Leave the process group cleanly (before the actor is killed)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- control group: answers while a cell runs ----
+    def take_output(self) -> list[tuple[str, str]]:
+        return self._sink.take()
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            busy_for = None if self._running_since is None else time.time() - self._running_since
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "busy_s": busy_for,
+            "cells_run": self._cells_run,
+            "backend": self._backend,
+            "device": self._device,
+        }
+
+    def interrupt(self) -> bool:
+        """Raise KeyboardInterrupt in the running cell; False when no cell is running."""
+        with self._lock:
+            tid = self._running_thread
+            if tid is None:
+                return False
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(tid), ctypes.py_object(KeyboardInterrupt)
+            )
+        return True

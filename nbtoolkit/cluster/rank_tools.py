@@ -1,0 +1,82 @@
+"""Instruments run ON a rank by :class:`nbtoolkit.cluster.Cluster` (imported inside the rank worker).
+
+Each takes the rank's step (a zero-argument callable made from a cell or a function)
+and returns plain data that pickles cheaply back to the notebook.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["capture_graphs_on_rank", "memory_timeline_on_rank", "profile_to_bytes"]
+
+
+def profile_to_bytes(
+    step: Callable[[], Any],
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    record_shapes: bool = False,
+    profile_memory: bool = False,
+    with_stack: bool = False,
+) -> dict[str, Any]:
+    """Run ``step`` ``warmup + steps`` times under torch.profiler; return the gzipped Chrome trace.
+
+    The profiler's schedule skips the warmup steps (``schedule(wait=0, warmup=warmup,
+    active=steps)``), so the trace holds ``steps`` ProfilerStep annotations, as a local
+    ``torch.profiler`` run would. CUDA activity is recorded when the rank has a GPU.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    handle, path = tempfile.mkstemp(prefix="nbt-rank-trace-", suffix=".json")
+    os.close(handle)
+    last: Any = None
+    try:
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
+            on_trace_ready=lambda prof: prof.export_chrome_trace(path),
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        ) as prof:
+            for _ in range(warmup + steps):
+                last = step()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                prof.step()
+        with open(path, "rb") as f:
+            raw = f.read()
+    finally:
+        os.unlink(path)
+    return {"trace_gz": gzip.compress(raw, compresslevel=3), "raw_bytes": len(raw), "last": _plain(last)}
+
+
+def _plain(value: Any) -> Any:
+    """Keep a step's return value only if it is a small plain number (a loss)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def memory_timeline_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
+    """nbtoolkit.capture.memory.memory_timeline of the rank's step."""
+    from nbtoolkit.capture.memory import memory_timeline
+
+    return memory_timeline(step, **kwargs)
+
+
+def capture_graphs_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
+    """nbtoolkit.capture.graphs.capture_graphs of the rank's step."""
+    from nbtoolkit.capture.graphs import capture_graphs
+
+    return capture_graphs(step, **kwargs)

@@ -1,0 +1,359 @@
+"""The rank workers: one Ray actor per rank in a placement group, one torch.distributed group.
+
+:class:`RankGroup` starts the actors, wires the process group (rank 0's node and a free
+port on it are the rendezvous), sends calls to every rank, and waits for them with three
+duties while it waits:
+
+- stream each rank's output as it is printed (polling the actors' control thread, only
+  once a call has taken longer than the first short wait, so empty cells stay fast);
+- notice a rank that died (its actor raises ``RayActorError``): give the other ranks a
+  short grace to fail on their own (gloo notices a closed peer at once; otherwise the
+  collective timeout applies), interrupt those still running, and report which rank died
+  and why;
+- forward Ctrl-C: ``KeyboardInterrupt`` in the notebook interrupts the call on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbtoolkit.errors import ClusterError
+
+__all__ = ["RankCallResult", "RankFailure", "RankGroup", "RankInfo"]
+
+OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", text)
+
+_FIRST_WAIT_S = 0.05  # an empty cell comes back within this: no polling at all
+_POLL_S = 0.2  # then poll output this often
+_DEAD_RANK_GRACE_S = 5.0  # after a rank dies, how long the others get to fail on their own
+_INTERRUPT_GRACE_S = 5.0  # after an interrupt, how long ranks get to stop
+
+
+@dataclass
+class RankInfo:
+    """What the notebook knows about one rank."""
+
+    rank: int
+    pid: int
+    host: str
+    ip: str
+    gpu_ids: list[str]
+    state: str = "idle"  # idle | busy | dead | broken
+    cause: str | None = None  # why it is dead or broken
+
+
+@dataclass
+class RankFailure:
+    """A rank whose actor died (not a Python exception in the cell: the process is gone)."""
+
+    rank: int
+    cause: str
+
+
+@dataclass
+class RankCallResult:
+    """Raw results of one call on several ranks."""
+
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> outcome dict
+    dead: list[RankFailure] = field(default_factory=list)
+    stuck: list[int] = field(default_factory=list)  # ranks that did not stop when asked
+    interrupted: bool = False
+
+
+def _actor_class() -> Any:
+    import ray
+
+    from nbtoolkit.cluster.rank_actor import RankActor
+
+    make_actor = ray.remote(concurrency_groups={"control": 1})  # type: ignore[call-overload]  # stubs lag
+    return make_actor(_with_control_group(RankActor))
+
+
+def _with_control_group(cls: type) -> type:
+    """A subclass whose control methods run in the ``control`` concurrency group."""
+    import ray
+
+    namespace: dict[str, Any] = {}
+    for name in ("take_output", "state", "interrupt"):
+        method = getattr(cls, name)
+
+        def make(method: Any) -> Any:
+            def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return method(self, *args, **kwargs)
+
+            forward.__name__ = method.__name__
+            return ray.method(concurrency_group="control")(forward)
+
+        namespace[name] = make(method)
+    return type("RankWorker", (cls,), namespace)
+
+
+def _death_cause(exc: BaseException) -> str:
+    """A short reason from Ray's long actor-death message (pid and the worker's exit detail)."""
+    import re
+
+    text = " ".join(str(exc).split())
+    pid = re.search(r"\bpid: (\d+)", text)
+    detail = re.search(r"Worker exit detail: (.*?)(?: Some common causes|$)", text)
+    if detail:
+        reason = detail.group(1).strip()
+    elif "killed" in text or "ray.kill" in text:
+        reason = "it was killed"
+    else:
+        reason = text[:300] + ("…" if len(text) > 300 else "")
+    where = f" (pid {pid.group(1)})" if pid else ""
+    return f"its worker process{where} exited: {reason}"
+
+
+class RankGroup:
+    """N rank actors forming one torch.distributed group."""
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        use_gpus: bool,
+        collective_timeout_s: float,
+        start_timeout_s: float,
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.world_size = world_size
+        self.backend = "nccl" if use_gpus else "gloo"
+        self.collective_timeout_s = collective_timeout_s
+        bundle: dict[str, float] = {"CPU": 1.0}
+        if use_gpus:
+            bundle["GPU"] = 1.0
+        self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        ready, _ = ray.wait([self._pg.ready()], timeout=start_timeout_s)
+        if not ready:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            have = {k: v for k, v in ray.available_resources().items() if k in {"CPU", "GPU"}}
+            raise ClusterError(
+                f"the cluster has no room for {world_size} ranks (each needs {bundle}; free now: "
+                f"{have}): stop other work on it, or ask for fewer ranks"
+            )
+        actor_cls = _actor_class()
+        self.actors = [
+            actor_cls.options(
+                num_cpus=1,
+                num_gpus=1 if use_gpus else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=rank
+                ),
+                max_restarts=0,
+                max_task_retries=0,
+            ).remote(rank, world_size)
+            for rank in range(world_size)
+        ]
+        try:
+            infos = self._get([a.node_info.remote() for a in self.actors], start_timeout_s, "start")
+            self.ranks = [
+                RankInfo(rank=r, pid=i["pid"], host=i["host"], ip=i["ip"], gpu_ids=i["gpu_ids"])
+                for r, i in enumerate(infos)
+            ]
+            master_addr, master_port = infos[0]["ip"], infos[0]["free_port"]
+            self._get(
+                [
+                    a.setup_process_group.remote(master_addr, master_port, self.backend, collective_timeout_s)
+                    for a in self.actors
+                ],
+                start_timeout_s,
+                "join the torch.distributed group",
+            )
+        except BaseException:
+            self.kill()
+            raise
+        self.master = f"{master_addr}:{master_port}"
+
+    def _get(self, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
+        import ray
+
+        _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            raise ClusterError(
+                f"{len(pending)} of {len(refs)} ranks did not {what} within {timeout_s:.0f} s: "
+                "the cluster may be overloaded; try again or ask for fewer ranks"
+            )
+        try:
+            return list(ray.get(refs))
+        except ray.exceptions.RayActorError as exc:
+            raise ClusterError(f"a rank died while trying to {what}: {_death_cause(exc)}") from None
+        except ray.exceptions.RayTaskError as exc:
+            raise ClusterError(f"a rank failed to {what}: {exc.cause!r}") from None
+
+    # ---- calls ----
+    def check_usable(self, ranks: Sequence[int]) -> None:
+        bad = [r for r in ranks if self.ranks[r].state in {"dead", "broken"}]
+        if bad:
+            why = "; ".join(f"rank {r} is {self.ranks[r].state}: {self.ranks[r].cause}" for r in bad)
+            raise ClusterError(f"{why}. Run cluster.restart() (or `%nbt cluster restart`) for fresh ranks.")
+
+    def call(
+        self,
+        ranks: Sequence[int],
+        method: str,
+        *args: Any,
+        on_output: OutputCallback | None = None,
+    ) -> RankCallResult:
+        """Call ``method(*args)`` on each of ``ranks`` and wait for all, streaming output."""
+        self.check_usable(ranks)
+        refs = {getattr(self.actors[r], method).remote(*args): r for r in ranks}
+        result = RankCallResult()
+        for r in ranks:
+            self.ranks[r].state = "busy"
+        try:
+            self._wait(refs, result, on_output)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            self._interrupt([refs[ref] for ref in refs if refs[ref] not in result.outcomes])
+            self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
+        finally:
+            for r in ranks:
+                if self.ranks[r].state == "busy":
+                    self.ranks[r].state = "idle" if r not in result.stuck else "busy"
+        if result.dead:
+            # The survivors' process group has lost a member: collectives can no longer work.
+            dead = ", ".join(str(f.rank) for f in result.dead)
+            for info in self.ranks:
+                if info.state not in {"dead"}:
+                    info.state, info.cause = "broken", f"its process group lost rank {dead}"
+        return result
+
+    def _wait(self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None) -> None:
+        import ray
+
+        pending = list(refs)
+        timeout = _FIRST_WAIT_S
+        dead_since: float | None = None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=timeout)
+            for ref in ready:
+                self._collect(ref, refs[ref], result)
+            if not pending:
+                break
+            if result.dead:
+                if dead_since is None:
+                    dead_since = time.monotonic()
+                elif time.monotonic() - dead_since > _DEAD_RANK_GRACE_S:
+                    # The others are waiting on the dead rank: stop them now.
+                    self._interrupt([refs[ref] for ref in pending])
+                    self._wait_after(
+                        {ref: refs[ref] for ref in pending}, result, on_output, _INTERRUPT_GRACE_S
+                    )
+                    return
+            if on_output is not None:
+                self._stream([refs[ref] for ref in pending], on_output)
+            timeout = _POLL_S
+        if on_output is not None:
+            self._flush_outcomes(result, on_output)
+
+    def _wait_after(
+        self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None, grace_s: float
+    ) -> None:
+        import ray
+
+        pending = [
+            ref
+            for ref, r in refs.items()
+            if r not in result.outcomes and r not in {f.rank for f in result.dead}
+        ]
+        if pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+            for ref in ready:
+                self._collect(ref, refs[ref], result)
+        for ref in pending:
+            rank = refs[ref]
+            result.stuck.append(rank)
+            self.ranks[rank].state, self.ranks[rank].cause = "broken", "did not stop when interrupted"
+        if on_output is not None:
+            self._flush_outcomes(result, on_output)
+
+    def _collect(self, ref: Any, rank: int, result: RankCallResult) -> None:
+        import ray
+
+        try:
+            result.outcomes[rank] = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            cause = _death_cause(exc)
+            result.dead.append(RankFailure(rank=rank, cause=cause))
+            self.ranks[rank].state, self.ranks[rank].cause = "dead", cause
+        except ray.exceptions.RayTaskError as exc:  # our actor code failed (not the user's cell)
+            result.outcomes[rank] = {
+                "rank": rank,
+                "value": None,
+                "error": str(exc),
+                "output": [],
+                "elapsed_s": 0.0,
+            }
+
+    def _stream(self, ranks: list[int], on_output: OutputCallback) -> None:
+        import ray
+
+        refs = {self.actors[r].take_output.remote(): r for r in ranks if self.ranks[r].state != "dead"}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=2.0)
+        for ref in ready:
+            try:
+                chunks = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue  # the rank died meanwhile; its main call reports it
+            for stream, text in chunks:
+                on_output(refs[ref], stream, text)
+
+    def _flush_outcomes(self, result: RankCallResult, on_output: OutputCallback) -> None:
+        for rank in sorted(result.outcomes):
+            outcome = result.outcomes[rank]
+            for stream, text in outcome.get("output", []):
+                on_output(rank, stream, text)
+            outcome["output"] = []
+
+    def _interrupt(self, ranks: list[int]) -> None:
+        import ray
+
+        refs = [self.actors[r].interrupt.remote() for r in ranks if self.ranks[r].state != "dead"]
+        ray.wait(refs, num_returns=len(refs), timeout=2.0)
+
+    # ---- status and teardown ----
+    def states(self, timeout_s: float = 2.0) -> list[dict[str, Any]]:
+        """Each rank's live state (asked on its control thread, so it answers while busy)."""
+        import ray
+
+        refs = {r: a.state.remote() for r, a in enumerate(self.actors) if self.ranks[r].state != "dead"}
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        rows = []
+        for info in self.ranks:
+            live: dict[str, Any] = {}
+            ref = refs.get(info.rank)
+            if ref is not None:
+                try:
+                    live = ray.get(ref, timeout=0.01)
+                except ray.exceptions.RayActorError as exc:
+                    info.state, info.cause = "dead", _death_cause(exc)
+                except ray.exceptions.GetTimeoutError:
+                    live = {"busy_s": None, "unresponsive": True}
+            rows.append({"info": info, "live": live})
+        return rows
+
+    def kill(self) -> None:
+        """Kill every rank actor and free the placement group (no graceful wait)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in getattr(self, "actors", []):
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: S112 - an actor already gone is what we want
+                continue
+        with contextlib.suppress(Exception):  # a group already removed (cluster gone) is fine
+            remove_placement_group(self._pg)
+        for info in getattr(self, "ranks", []):
+            info.state, info.cause = "dead", "stopped"

@@ -1,0 +1,329 @@
+"""nbt.Cluster on a real local Ray cluster of 2 CPU ranks (gloo), and the cluster magics.
+
+One cluster serves the whole module (starting Ray costs 10-25 s on 2 cores). Every test
+here needs a private network namespace: run pytest under
+``unshare --net sh -c 'ip link set lo up && ...'``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nbtoolkit.errors import ClusterError, NbtUsageError
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STALE_FILE = Path("/tmp/ray/ray_current_cluster")  # where `ray start` records its address
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _no_ray_processes_left() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if ("raylet" in cmd or "gcs_server" in cmd) and str(os.getpid()) in _parents(int(pid)):
+            out.append(cmd[:80])
+    return out
+
+
+def _parents(pid: int) -> str:
+    chain = []
+    for _ in range(10):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        chain.append(str(pid))
+        if pid <= 1:
+            break
+    return " ".join(chain)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[object]:
+    import nbtoolkit as nbt
+
+    # The Ray trap: a `ray_current_cluster` file naming a cluster that is gone. Starting
+    # must not try to join it (and the stale file is removed).
+    wrote_stale = False
+    if not STALE_FILE.exists():
+        STALE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        STALE_FILE.write_text(f"127.0.0.1:{_free_port()}")
+        wrote_stale = True
+    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=60)
+    try:
+        if wrote_stale:
+            assert not STALE_FILE.exists(), "the stale ray_current_cluster file should be removed"
+        yield cl
+    finally:
+        cl.close()
+        if wrote_stale:
+            STALE_FILE.unlink(missing_ok=True)
+    assert not _no_ray_processes_left(), "raylet/gcs processes left after close()"
+
+
+def test_started_cluster_has_two_gloo_ranks_with_token_auth(cluster) -> None:
+    assert cluster.world_size == 2 and cluster.backend == "gloo"
+    assert cluster.token and len(cluster.token) >= 32
+    assert ":" in cluster.address
+    text = repr(cluster)
+    assert "2 ranks" in text and cluster.token not in text
+
+
+def test_run_gives_one_value_per_rank_and_namespaces_persist(cluster) -> None:
+    assert cluster.run("import os\nx = rank * 10\nx") == [0, 10]
+    assert cluster.run("x + 1") == [1, 11]  # the namespace survived the previous cell
+    assert cluster.run("(dist.get_rank(), dist.get_world_size(), os.environ['MASTER_ADDR'] != '')") == [
+        (0, 2, True),
+        (1, 2, True),
+    ]
+
+
+def test_a_function_is_called_on_every_rank_in_one_process_group(cluster) -> None:
+    def all_reduce_rank() -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        return float(t.item())
+
+    assert cluster.run(all_reduce_rank) == [3.0, 3.0]
+    assert cluster.run("rank + 100", ranks="1") == [101]
+    assert cluster.run("rank", ranks=[0, 1]) == [0, 1]
+
+
+def test_output_is_streamed_live_with_a_rank_prefix(cluster) -> None:
+    from nbtoolkit.cluster.output import RankPrefixedPrinter
+
+    arrivals: list[tuple[float, int, str]] = []
+    out = io.StringIO()
+    printer = RankPrefixedPrinter(stdout=out, stderr=out)
+
+    def on_output(rank: int, stream: str, text: str) -> None:
+        arrivals.append((time.monotonic(), rank, text))
+        printer(rank, stream, text)
+
+    started = time.monotonic()
+    cluster.execute(
+        "import sys, time\nprint('first', rank)\nsys.stdout.flush()\ntime.sleep(1.5)\n"
+        "print('second', rank, file=sys.stderr)",
+        on_output=on_output,
+    )
+    ended = time.monotonic()
+    printer.flush()
+    lines = out.getvalue().splitlines()
+    assert "[rank 0] first 0" in lines and "[rank 1] first 1" in lines
+    assert "[rank 0] second 0" in lines and "[rank 1] second 1" in lines
+    first = min(t for t, _, text in arrivals if "first" in text)
+    assert first < ended - 0.8, "the first line should arrive while the cell still runs"
+    assert first - started < 1.2
+
+
+def test_an_exception_is_reported_once_per_rank_with_the_remote_traceback(cluster) -> None:
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run("def f():\n    return 1 / (rank - 1)\nf()")
+    err = info.value
+    assert set(err.errors) == {1}
+    message = str(err)
+    assert message.count("ZeroDivisionError") == 1
+    assert "rank 1" in message and 'line 2, in f' in message
+    assert "the cell failed on 1 of 2 ranks" in message
+    assert cluster.run("rank") == [0, 1]  # the ranks are still usable
+
+
+def test_an_unpicklable_value_comes_back_as_its_repr(cluster) -> None:
+    values = cluster.run("import threading\nthreading.Lock()")
+    assert all("lock" in repr(v) and "not picklable" in repr(v) for v in values)
+
+
+def test_push_and_pull_variables(cluster) -> None:
+    cluster.push({"scale": 2.5, "names": ["a", "<b>"]})
+    assert cluster.run("scale * (rank + 1)") == [2.5, 5.0]
+    assert cluster.pull("names") == [["a", "<b>"], ["a", "<b>"]]
+    with pytest.raises(NbtUsageError, match="identifier"):
+        cluster.push({"not a name": 1})
+    with pytest.raises(NbtUsageError, match="ranks"):
+        cluster.run("1", ranks="5")
+
+
+def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster) -> None:
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does in a kernel
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(RemoteCellError, match="interrupted") as info:
+            cluster.run("import time\nwhile True:\n    time.sleep(0.02)")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 8
+    assert set(info.value.errors) == {0, 1}
+    assert cluster.run("rank") == [0, 1]  # both ranks took new work at once
+
+
+def test_profile_gathers_one_trace_per_rank(cluster) -> None:
+    def step() -> float:
+        import torch
+        import torch.distributed as dist
+
+        x = torch.randn(64, 64)
+        y = (x @ x).sum()
+        t = torch.ones(1024)
+        dist.all_reduce(t)
+        return float(y)
+
+    trace = cluster.profile(step, steps=2, warmup=1)
+    assert trace.ranks == [0, 1]
+    for rank in (0, 1):
+        events = trace.rank_events(rank)
+        names = set(events["name"].astype(str))
+        assert any(n.startswith("ProfilerStep#") for n in names)
+        assert any("all_reduce" in n for n in names), "the gloo collective should be in the trace"
+    assert trace.info[1].world_size == 2
+
+
+def test_status_shows_every_rank(cluster) -> None:
+    status = cluster.status()
+    assert [row["rank"] for row in status.rows] == [0, 1]
+    assert {row["state"] for row in status.rows} == {"idle"}
+    assert set(cluster.pids) == {row["pid"] for row in status.rows}
+    assert "rank 1: idle" in repr(status)
+    assert "<table" in status._repr_html_()
+
+
+def test_wrong_or_missing_token_fails_fast_with_authentication_failed(
+    cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import nbtoolkit as nbt
+
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match="authentication failed.*rejected"):
+        nbt.Cluster.connect(cluster.address, token="not-the-token")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ClusterError, match="authentication failed.*no token"):
+        nbt.Cluster.connect(cluster.address)
+    assert time.monotonic() - started < 10
+    assert cluster.run("rank") == [0, 1]  # our own connection is untouched
+
+
+def test_connecting_where_nothing_listens_fails_fast() -> None:
+    import nbtoolkit as nbt
+
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match="no Ray cluster answers"):
+        nbt.Cluster.connect(f"127.0.0.1:{_free_port()}", token="x")
+    assert time.monotonic() - started < 10
+    with pytest.raises(NbtUsageError, match="host:port"):
+        nbt.Cluster.connect("nowhere", token="x")
+
+
+def test_magics_run_cells_stream_output_and_show_errors_once(cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbtoolkit")
+    try:
+        result = shell.run_cell_magic("nbt", "remote", "print('hello from', rank)\nrank * 2")
+        out = capsys.readouterr().out
+        assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
+        assert result.value_list() == [0, 2]
+        assert shell.user_ns["_nbt"] is result
+        assert "[rank 1] 2" in repr(result)
+
+        assert shell.run_cell_magic("nbt", "remote --ranks 1", "print('only', rank)") is None
+        assert capsys.readouterr().out.strip() == "[rank 1] only 1"
+
+        shell.user_ns["lr"] = 0.1
+        shell.run_line_magic("nbt", "push lr")
+        shell.run_cell_magic("nbt", "remote", "w = lr * (rank + 1)")
+        shell.run_line_magic("nbt", "pull w --name ws")
+        assert shell.user_ns["ws"] == [0.1, 0.2]
+
+        with pytest.raises(RemoteCellError) as info:
+            shell.run_cell_magic("nbt", "remote", "raise ValueError(f'bad <b> on {rank}')")
+        rendered = "\n".join(info.value._render_traceback_())
+        assert rendered.count("ValueError: bad <b> on 0") == 1
+        assert rendered.count("ValueError: bad <b> on 1") == 1
+
+        status = shell.run_line_magic("nbt", "cluster status")
+        assert "rank 0: idle" in repr(status)
+    finally:
+        shell.run_line_magic("unload_ext", "nbtoolkit")
+
+
+def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    victim = cluster.pids[1]
+    killer = threading.Timer(1.0, os.kill, args=(victim, signal.SIGKILL))
+    started = time.monotonic()
+    killer.start()
+    try:
+        with pytest.raises(RemoteCellError) as info:
+            # rank 0 enters the collective and waits for rank 1, which dies before joining it
+            cluster.run("import time\nif rank == 1:\n    time.sleep(30)\nt = torch.ones(1)\ndist.all_reduce(t)")
+    finally:
+        killer.cancel()
+    elapsed = time.monotonic() - started
+    err = info.value
+    assert set(err.dead) == {1}
+    assert f"pid {victim}" in err.dead[1]
+    assert "rank 1 died" in str(err) and "restart" in str(err)
+    assert 0 in err.errors, "rank 0 must not hang in the collective"
+    assert elapsed < 20
+
+    status = cluster.status()
+    states = {row["rank"]: row["state"] for row in status.rows}
+    assert states == {0: "broken", 1: "dead"}
+    with pytest.raises(ClusterError, match=r"rank 1 is dead.*restart"):
+        cluster.run("rank")
+
+    cluster.restart()
+    assert victim not in cluster.pids
+    assert cluster.run("t = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()") == [3.0, 3.0]
+    assert {row["state"] for row in cluster.status().rows} == {"idle"}
+
+
+def test_stop_then_start_again_in_the_same_process(cluster) -> None:
+    """Last in the module: stop the shared cluster, then a fresh local start must work."""
+    import nbtoolkit as nbt
+
+    cluster.close()
+    assert cluster.closed
+    with pytest.raises(ClusterError, match="no cluster is running"):
+        nbt.Cluster.current()
+    again = nbt.Cluster.local(ranks=1)
+    try:
+        assert again.run("rank") == [0]
+    finally:
+        again.close()
