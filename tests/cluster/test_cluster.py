@@ -149,7 +149,7 @@ def test_an_exception_is_reported_once_per_rank_with_the_remote_traceback(cluste
     assert set(err.errors) == {1}
     message = str(err)
     assert message.count("ZeroDivisionError") == 1
-    assert "rank 1" in message and 'line 2, in f' in message
+    assert "rank 1" in message and "line 2, in f" in message
     assert "the cell failed on 1 of 2 ranks" in message
     assert cluster.run("rank") == [0, 1]  # the ranks are still usable
 
@@ -223,12 +223,12 @@ def test_wrong_or_missing_token_fails_fast_with_authentication_failed(
     import nbtoolkit as nbt
 
     started = time.monotonic()
-    with pytest.raises(ClusterError, match="authentication failed.*rejected"):
+    with pytest.raises(ClusterError, match=r"authentication failed.*rejected"):
         nbt.Cluster.connect(cluster.address, token="not-the-token")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(ClusterError, match="authentication failed.*no token"):
+    with pytest.raises(ClusterError, match=r"authentication failed.*no token"):
         nbt.Cluster.connect(cluster.address)
     assert time.monotonic() - started < 10
     assert cluster.run("rank") == [0, 1]  # our own connection is untouched
@@ -245,7 +245,9 @@ def test_connecting_where_nothing_listens_fails_fast() -> None:
         nbt.Cluster.connect("nowhere", token="x")
 
 
-def test_magics_run_cells_stream_output_and_show_errors_once(cluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_magics_run_cells_stream_output_and_show_errors_once(
+    cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     from nbtoolkit.cluster.cluster import RemoteCellError
@@ -291,7 +293,9 @@ def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster)
     try:
         with pytest.raises(RemoteCellError) as info:
             # rank 0 enters the collective and waits for rank 1, which dies before joining it
-            cluster.run("import time\nif rank == 1:\n    time.sleep(30)\nt = torch.ones(1)\ndist.all_reduce(t)")
+            cluster.run(
+                "import time\nif rank == 1:\n    time.sleep(30)\nt = torch.ones(1)\ndist.all_reduce(t)"
+            )
     finally:
         killer.cancel()
     elapsed = time.monotonic() - started
