@@ -159,9 +159,7 @@ def load_trace(path: str | Path) -> Trace:
             f"rank {r}: {info[r].trace_format} ({Path(info[r].source).name})" for r in sorted(info)
         )
         raise TraceError(f"{root}: ranks have different trace formats ({detail}); load them separately")
-    trace = Trace(events=events, info=info, collectives=collectives, notes=notes)
-    _ = trace.steps  # validates ProfilerStep labels now, not at first display
-    return trace
+    return Trace(events=events, info=info, collectives=collectives, notes=notes)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -206,6 +204,11 @@ def _decode(file: Path, data: bytes) -> _Document:
         if "traceEvents" not in text and "$[" not in text:
             raise _NotATrace(f"not a profiler trace (top level: {text})") from None
         raise TraceError(f"{file}: an event has a value of the wrong type ({text})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{file}: text in the trace is not valid UTF-8 (byte {exc.object[exc.start : exc.end]!r} in a string); "
+            "the file is corrupt or was written with another encoding"
+        ) from None
     except msgspec.DecodeError as exc:
         text = str(exc)
         if "utf-8" in text.lower():
@@ -236,6 +239,9 @@ def _load_file(file: Path) -> tuple[RankInfo, pd.DataFrame, pd.DataFrame]:
     rank_info.thread_names = threads
     frame, coll = _columns(file, complete)
     del complete
+    for label in frame["name"].cat.categories:
+        if str(label).startswith("ProfilerStep"):
+            parse_profiler_step(str(label), source=str(file))
     rank_info.device_type = _device_type(rank_info, frame)
     return rank_info, frame, coll
 
