@@ -206,8 +206,8 @@ def _decode(file: Path, data: bytes) -> _Document:
         raise TraceError(f"{file}: an event has a value of the wrong type ({text})") from None
     except UnicodeDecodeError as exc:
         raise TraceError(
-            f"{file}: text in the trace is not valid UTF-8 (byte {exc.object[exc.start : exc.end]!r} in a string); "
-            "the file is corrupt or was written with another encoding"
+            f"{file}: text in the trace is not valid UTF-8 (byte {exc.object[exc.start : exc.end]!r} "
+            "in a string); the file is corrupt or was written with another encoding"
         ) from None
     except msgspec.DecodeError as exc:
         text = str(exc)

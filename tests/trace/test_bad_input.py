@@ -158,5 +158,5 @@ def test_wrong_value_type(tmp_path):
 
 
 def test_trace_load_of_a_folder_that_is_not_a_saved_trace(tmp_path):
-    with pytest.raises(TraceError, match="Trace.save"):
+    with pytest.raises(TraceError, match=r"Trace\.save"):
         nbt.Trace.load(tmp_path)
