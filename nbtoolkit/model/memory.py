@@ -148,6 +148,8 @@ class MemoryTimeline(Result):
         source: where the data came from (``torch.profiler``, a snapshot path).
         notes: what the capture wants the reader to know (partial run, heuristics used).
         category_method: how categories were decided (``torch.profiler`` or ``heuristic``).
+        value: what the captured function returned last (captures only; not saved).
+        allocator_snapshot: on CUDA, the allocator history recorded alongside (not saved).
     """
 
     events: pd.DataFrame
@@ -156,6 +158,10 @@ class MemoryTimeline(Result):
     source: str = ""
     notes: list[str] = field(default_factory=list)
     category_method: str = "torch.profiler"
+    #: what the captured function returned last (not saved)
+    value: Any = field(default=None, compare=False)
+    #: on CUDA, the allocator history recorded alongside (a MemorySnapshot; not saved)
+    allocator_snapshot: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)
@@ -292,8 +298,10 @@ class MemoryTimeline(Result):
     def _text(self) -> str:
         n_alloc = int((self.events["action"] == "alloc").sum())
         lines = [
-            (f"MemoryTimeline on {self.device}: {len(self.events):,} events ({n_alloc:,} allocations), "
-            f"peak {format_bytes(self.peak_bytes)} at {self.peak_time / 1e3:,.3f} ms"),
+            (
+                f"MemoryTimeline on {self.device}: {len(self.events):,} events ({n_alloc:,} allocations), "
+                f"peak {format_bytes(self.peak_bytes)} at {self.peak_time / 1e3:,.3f} ms"
+            ),
             f"categories from {self.category_method}; at the peak:",
         ]
         lines += [f"  {name:<16} {size}" for name, size in self._summary_rows()]
