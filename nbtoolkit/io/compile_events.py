@@ -256,6 +256,20 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
             traceback_source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
             if user_file is None:
                 user_file, user_line = fm.group("file"), int(fm.group("line"))
+    if user_file is not None and _is_torch_internal(user_file):
+        # torch names its own polyfill as the break location when the break happens inside
+        # code it inlines for the user (e.g. a class constructor): the user's line is the
+        # deepest traceback frame outside torch.
+        outside = [
+            (fm.group("file"), int(fm.group("line")), fm.group("func").strip(), i)
+            for i, fm in ((i, _TB_FRAME.match(x)) for i, x in enumerate(_user_traceback(tb_lines)))
+            if fm is not None and not _is_torch_internal(fm.group("file"))
+        ]
+        if outside:
+            user_file, user_line, user_function, index = outside[-1]
+            src = _user_traceback(tb_lines)
+            nxt = src[index + 1] if index + 1 < len(src) else ""
+            traceback_source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
     explanation = "\n".join(explanation_lines).strip()
     return GraphBreakText(
         gb_type=gb_type,
@@ -270,6 +284,25 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
         user_function=user_function,
         traceback_source=traceback_source,
     )
+
+
+_TORCH_INTERNAL = re.compile(
+    r"(^|[/\\])torch[/\\](_[a-z_]+|fx|nn|utils|testing|compiler)[/\\]"
+    r"|(^|[/\\])torch[/\\](_[a-z_]+|functional)\.py$"
+)
+
+
+def _is_torch_internal(path: str) -> bool:
+    """A file of the torch package itself (dynamo, polyfills, nn ...), not user code."""
+    return bool(_TORCH_INTERNAL.search(path))
+
+
+def _user_traceback(tb_lines: list[str]) -> list[str]:
+    """The "User code traceback" part, without dynamo's own Python traceback after it."""
+    for i, line in enumerate(tb_lines):
+        if line.startswith("Traceback (most recent call last)"):
+            return tb_lines[:i]
+    return tb_lines
 
 
 def source_context(
