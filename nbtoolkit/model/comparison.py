@@ -153,6 +153,8 @@ class Comparison(Result):
     ``changes`` lists in words what was applied (``"torch.compile(mode='default')"``,
     ``"checkpoint 3 blocks: layers.0, ..."``, ``"autocast bf16"``). ``plan`` is the
     :class:`~nbtoolkit.model.plan.RecomputePlan` used, if any (not saved by :meth:`save`).
+    ``applied`` is the handle of the changes when ``optimize(..., undo=False)`` kept them
+    (call ``comparison.applied.undo()`` to restore the model), else None.
     """
 
     before: Measurement
@@ -160,6 +162,7 @@ class Comparison(Result):
     changes: list[str] = field(default_factory=list)
     plan: Any = None
     notes: list[str] = field(default_factory=list)
+    applied: Any = None
 
     @property
     def speedup(self) -> float:

@@ -1,0 +1,235 @@
+"""A recomputation plan: which blocks to checkpoint, what that is predicted to save and cost.
+
+Made by :func:`nbtoolkit.plan_recompute`; plain data (pandas frames, lists, numbers) that
+saves and loads as JSON. ``apply(model)`` wraps the chosen blocks in activation
+checkpointing and returns a handle whose ``undo()`` restores the model exactly.
+
+The memory model the numbers come from (written out in full in
+``nbtoolkit.optimizations.recompute``): the step's live bytes were measured over time;
+a block is *alive* from the end of its forward to the start of its backward; a phase is a
+stretch of the step with one set of alive blocks, and ``phases.baseline_bytes`` is the
+highest live total measured in it. Checkpointing a set S of blocks gives the predicted peak
+
+    peak(S) = max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
+
+and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.comparison import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.optimizations._handle import Applied
+
+__all__ = ["RecomputePlan"]
+
+
+@dataclass(repr=False)  # the Result mixin's repr (a summary) must win over dataclass's
+class RecomputePlan(Result):
+    """Blocks to checkpoint so the step's peak memory stays under ``budget_bytes``.
+
+    Attributes:
+        blocks: names (as in ``model.named_modules()``) of the blocks to checkpoint, in model order.
+        budget_bytes: the budget the plan was made for (peak step memory, bytes).
+        predicted_peak_bytes: peak(blocks) from the memory model above.
+        predicted_overhead_s: extra seconds per step: the chosen blocks' forward times.
+        baseline_peak_bytes: the measured peak without any checkpointing.
+        baseline_step_time_s: the measured median step time without checkpointing.
+        candidates: one row per candidate block: ``block``, ``module`` (class),
+            ``saved_bytes`` (measured drop in live bytes when only that block is checkpointed),
+            ``recompute_time_s`` (its measured forward time), ``chosen``.
+        tradeoff: the exact memory-vs-time Pareto front: ``predicted_peak_bytes``,
+            ``predicted_overhead_s``, ``n_blocks``, ``blocks`` (comma-separated), from no
+            checkpointing down to the lowest reachable peak.
+        phases: ``baseline_bytes`` and ``alive`` (block names) per phase of the memory model.
+        measured_peak_bytes: the peak measured with the plan applied (None if not verified).
+        solver: how the set was chosen.
+        notes: what the planner wants you to know (candidates dropped, budget tightened ...).
+    """
+
+    blocks: list[str]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    predicted_overhead_s: float
+    baseline_peak_bytes: int
+    baseline_step_time_s: float
+    candidates: pd.DataFrame
+    tradeoff: pd.DataFrame
+    phases: pd.DataFrame
+    measured_peak_bytes: int | None = None
+    solver: str = "integer linear program (PuLP + CBC)"
+    notes: list[str] = field(default_factory=list)
+
+    # ---- the model, usable without re-running anything (the panel's slider uses these) ----
+    def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
+        """Predicted peak step memory (bytes) when exactly ``blocks`` are checkpointed."""
+        saved = dict(zip(self.candidates["block"], self.candidates["saved_bytes"], strict=True))
+        chosen = set(blocks)
+        peak = 0
+        for baseline, alive in zip(self.phases["baseline_bytes"], self.phases["alive"], strict=True):
+            peak = max(peak, int(baseline) - sum(int(saved[b]) for b in alive if b in chosen))
+        return peak
+
+    def predict_overhead(self, blocks: list[str] | tuple[str, ...]) -> float:
+        """Predicted extra seconds per step when exactly ``blocks`` are checkpointed."""
+        cost = dict(zip(self.candidates["block"], self.candidates["recompute_time_s"], strict=True))
+        return float(sum(cost[b] for b in blocks))
+
+    @property
+    def min_peak_bytes(self) -> int:
+        """The lowest peak any plan reaches (all helpful blocks checkpointed)."""
+        return int(self.tradeoff["predicted_peak_bytes"].min())
+
+    def best_for(self, budget_bytes: float) -> dict[str, Any] | None:
+        """The cheapest point of the trade-off front whose predicted peak fits ``budget_bytes``.
+
+        Exact (the front holds every Pareto-optimal plan), and instant: no re-run, no solver.
+        None when no plan fits.
+        """
+        fits = self.tradeoff[self.tradeoff["predicted_peak_bytes"] <= budget_bytes]
+        if fits.empty:
+            return None
+        row = fits.sort_values(["predicted_overhead_s", "predicted_peak_bytes"]).iloc[0]
+        names = [b for b in str(row["blocks"]).split(",") if b]
+        return {
+            "blocks": names,
+            "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
+            "predicted_overhead_s": float(row["predicted_overhead_s"]),
+        }
+
+    def apply(self, model: Any) -> Applied:
+        """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
+        from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
+
+        return checkpoint_blocks(model, self.blocks)
+
+    # ---- display ----
+    def _summary_lines(self) -> list[str]:
+        measured = (
+            f", {format_bytes(self.measured_peak_bytes)} measured" if self.measured_peak_bytes else ""
+        )
+        head = (
+            f"RecomputePlan: checkpoint {len(self.blocks)} of {len(self.candidates)} blocks "
+            f"for a budget of {format_bytes(self.budget_bytes)}"
+        )
+        peak = (
+            f"  peak   {format_bytes(self.baseline_peak_bytes)} -> "
+            f"{format_bytes(self.predicted_peak_bytes)} predicted{measured}"
+        )
+        overhead = (
+            f"  time   +{format_seconds(self.predicted_overhead_s)} per step predicted "
+            f"(baseline step {format_seconds(self.baseline_step_time_s)})"
+        )
+        solver = (
+            f"  solver {self.solver}; trade-off front of {len(self.tradeoff)} plans, lowest peak "
+            f"{format_bytes(self.min_peak_bytes)}"
+        )
+        blocks = f"  blocks {', '.join(self.blocks) if self.blocks else '(none)'}"
+        lines = [head, peak, overhead, blocks, solver]
+        return lines
+
+    def _text(self) -> str:
+        lines = self._summary_lines()
+        lines.append("  candidates:")
+        lines.extend(
+            f"    {'*' if row.chosen else ' '} {row.block:<24} {row.module:<16} saves "
+            f"{format_bytes(row.saved_bytes):>12}  costs {format_seconds(row.recompute_time_s):>9}"
+            for row in self.candidates.itertuples(index=False)
+        )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def _display_candidates(self) -> pd.DataFrame:
+        frame = self.candidates.copy()
+        frame["saved"] = [format_bytes(v) for v in frame["saved_bytes"]]
+        frame["recompute time"] = [format_seconds(v) for v in frame["recompute_time_s"]]
+        frame["chosen"] = ["yes" if c else "" for c in frame["chosen"]]
+        return frame[["block", "module", "saved", "recompute time", "chosen"]]
+
+    def _display_tradeoff(self) -> pd.DataFrame:
+        frame = self.tradeoff.copy()
+        frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
+        frame["predicted overhead"] = [format_seconds(v) for v in frame["predicted_overhead_s"]]
+        return frame[["predicted peak", "predicted overhead", "n_blocks", "blocks"]]
+
+    def _html(self) -> str:
+        head = "<br>".join(escape(line.strip()) for line in self._summary_lines())
+        notes = "".join(f"<p><i>note: {escape(n)}</i></p>" for n in self.notes)
+        return (
+            f"<div class='nbt-plan'><p>{head}</p><p><b>candidates</b></p>"
+            f"{html_table(self._display_candidates(), max_rows=64)}"
+            f"<p><b>trade-off front</b> (every plan no other plan beats in both memory and time)</p>"
+            f"{html_table(self._display_tradeoff(), max_rows=64)}{notes}</div>"
+        )
+
+    # ---- save / load ----
+    def to_dict(self) -> dict[str, Any]:
+        phases = self.phases.copy()
+        phases["alive"] = [list(a) for a in phases["alive"]]
+        return {
+            "blocks": list(self.blocks),
+            "budget_bytes": int(self.budget_bytes),
+            "predicted_peak_bytes": int(self.predicted_peak_bytes),
+            "predicted_overhead_s": float(self.predicted_overhead_s),
+            "baseline_peak_bytes": int(self.baseline_peak_bytes),
+            "baseline_step_time_s": float(self.baseline_step_time_s),
+            "candidates": self.candidates.to_dict(orient="records"),
+            "tradeoff": self.tradeoff.to_dict(orient="records"),
+            "phases": phases.to_dict(orient="records"),
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "solver": self.solver,
+            "notes": list(self.notes),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        target = Path(path)
+        target.write_text(json.dumps(self.to_dict(), indent=1, default=_json_default))
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> RecomputePlan:
+        import pandas as pd
+
+        from nbtoolkit.errors import NbtUsageError
+
+        source = Path(path)
+        try:
+            data = json.loads(source.read_text())
+            phases = pd.DataFrame.from_records(data["phases"], columns=["phase", "baseline_bytes", "alive"])
+            phases["alive"] = [tuple(a) for a in phases["alive"]]
+            return cls(
+                blocks=list(data["blocks"]),
+                budget_bytes=int(data["budget_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                predicted_overhead_s=float(data["predicted_overhead_s"]),
+                baseline_peak_bytes=int(data["baseline_peak_bytes"]),
+                baseline_step_time_s=float(data["baseline_step_time_s"]),
+                candidates=pd.DataFrame.from_records(data["candidates"]),
+                tradeoff=pd.DataFrame.from_records(data["tradeoff"]),
+                phases=phases,
+                measured_peak_bytes=data.get("measured_peak_bytes"),
+                solver=str(data.get("solver", "")),
+                notes=list(data.get("notes", [])),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NbtUsageError(
+                f"cannot read a saved RecomputePlan from {str(source)!r}: {exc}; pass a file written by "
+                "RecomputePlan.save()"
+            ) from None
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
