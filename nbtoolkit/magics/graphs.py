@@ -1,0 +1,61 @@
+"""``%%nbt graphs`` and ``%nbt compile-log``: thin magics over capture_graphs and load_compile_log."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+
+_CELL_FILENAME = "<nbt-cell>"  # the file name MagicCall.cell_function compiles the cell under
+
+
+def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
+    import linecache
+
+    from nbtoolkit.capture.graphs import capture_graphs
+
+    # Make the cell's own lines known to linecache, so breaks in the cell show their source.
+    source = call.shell.transform_cell(call.cell or "")
+    linecache.cache[_CELL_FILENAME] = (len(source), None, source.splitlines(True), _CELL_FILENAME)
+    return capture_graphs(
+        call.cell_function(),
+        steps=args.steps,
+        eager_baseline=not args.no_eager,
+        measure_cost=not args.no_cost,
+    )
+
+
+def _compile_log(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.io.compile_log import load_compile_log
+
+    return load_compile_log(call.resolve(args.path))
+
+
+register(
+    Subcommand(
+        name="graphs",
+        summary="torch.compile graphs, graph breaks (ranked by cost, with fixes), recompiles of the cell",
+        mode="cell",
+        arguments=(
+            Argument(
+                "--steps", type=int, default=3, help="timed, profiled and eager runs of the cell (default 3)"
+            ),
+            Argument("--no-eager", action="store_true", help="skip the eager baseline runs"),
+            Argument(
+                "--no-cost", action="store_true", help="skip the profiled runs that measure break costs"
+            ),
+        ),
+        handler=_graphs,
+    )
+)
+
+register(
+    Subcommand(
+        name="compile-log",
+        summary="graphs, breaks, recompiles and failures from TORCH_TRACE logs (a file or a folder of ranks)",
+        mode="line",
+        arguments=(Argument("path", help="a TORCH_TRACE .log file or a folder of per-rank logs"),),
+        handler=_compile_log,
+    )
+)

@@ -1,0 +1,148 @@
+"""Graph views (explorer widget, FX code, compile-time chart) and the %%nbt graphs / %nbt compile-log magics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbtoolkit as nbt
+from nbtoolkit.model.graphs import GraphReport
+from nbtoolkit.views.graphs import compile_time_chart, graph_break_explorer, graph_code_view
+
+
+def step_evil(x: torch.Tensor) -> torch.Tensor:
+    x = x + 1
+    print("<script>alert(1)</script>")
+    x = x * 2
+    y = x.sum().item()
+    return x * y
+
+
+@pytest.fixture(scope="module")
+def evil_report() -> GraphReport:
+    torch._dynamo.reset()
+    report = nbt.capture_graphs(torch.compile(step_evil, backend="eager"), torch.randn(8), steps=1)
+    torch._dynamo.reset()
+    return report
+
+
+def test_explorer_shows_ranked_breaks_and_escapes_user_source(evil_report: GraphReport) -> None:
+    box = graph_break_explorer(evil_report)
+    options = box.nbt_select.options
+    assert len(options) == 2
+    pages = []
+    for _, value in options:
+        box.nbt_select.value = value
+        pages.append(box.nbt_detail.value)
+    page = "".join(pages) + box.children[0].value
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "capture_scalar_outputs" in page  # the fix of the .item() break
+    assert "graph before the break" in page and "class GraphModule" in page
+    assert "https://meta-pytorch.github.io/compile-graph-break-site/gb/gb" in page
+
+
+def test_report_html_escapes_and_text_has_units(evil_report: GraphReport) -> None:
+    html = evil_report._repr_html_()
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    text = repr(evil_report)
+    assert " ms" in text or " µs" in text
+
+
+def test_graph_code_view_switches_graphs(evil_report: GraphReport) -> None:
+    view = graph_code_view(evil_report)
+    assert len(view.nbt_dropdown.options) == len(evil_report.graphs) == 3
+    first = view.nbt_code.value
+    view.nbt_dropdown.value = view.nbt_dropdown.options[-1][1]
+    assert view.nbt_code.value != first and "class GraphModule" in view.nbt_code.value
+
+
+def test_compile_time_chart_of_multi_rank_logs(fixtures_dir: Path) -> None:
+    report = nbt.load_compile_log(fixtures_dir / "compile_logs" / "tlparse_inputs" / "multi_rank_logs")
+    fig = compile_time_chart(report)
+    names = {trace.name for trace in fig.data}
+    assert names == {"ok", "error"}
+    bars = sum(len(trace.x) for trace in fig.data)
+    assert bars == len(report.compiles) == 24
+    assert "compile time (ms)" in fig.layout.yaxis.title.text
+
+
+def test_explorer_of_a_report_without_breaks(fixtures_dir: Path) -> None:
+    report = nbt.load_compile_log(fixtures_dir / "compile_logs" / "tlparse_inputs" / "simple.log")
+    box = report.explorer()
+    assert "No graph breaks" in box.children[-1].value
+
+
+def torch_settings_snapshot() -> dict[str, Any]:
+    """The trace logger, torch's log settings, dynamo config and compiler stance."""
+    import logging
+
+    trace = logging.getLogger("torch.__trace")
+    return {
+        "trace": (tuple(trace.handlers), trace.level, trace.propagate, trace.disabled, tuple(trace.filters)),
+        "dynamo_config": torch._dynamo.config.get_config_copy(),
+        "stance": torch._dynamo.eval_frame._stance,
+        "log_state": dict(torch._logging._internal.log_state.log_qname_to_level),
+    }
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtoolkit")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbtoolkit")
+
+
+CELL = """\
+import torch
+def cell_step(x):
+    x = x + 1
+    print("in the cell")
+    return x * 2
+compiled = torch.compile(cell_step, backend="eager")
+compiled(torch.randn(4))
+"""
+
+
+def test_graphs_cell_magic_reports_breaks_with_cell_source(shell: InteractiveShell) -> None:
+    torch._dynamo.reset()
+    shell.run_cell_magic("nbt", "graphs --steps 1 --no-eager --name graphs_rep", CELL)
+    report = shell.user_ns["graphs_rep"]
+    assert isinstance(report, GraphReport)
+    assert len(report.graphs) == 2 and len(report.breaks) == 1
+    row = report.breaks.iloc[0]
+    assert row["user_file"] == "<nbt-cell>" and row["user_line"] == 4
+    assert row["source_line"] == 'print("in the cell")'
+    assert report.step_time_s is not None and report.eager_step_time_s is None
+    torch._dynamo.reset()
+
+
+def test_graphs_cell_magic_survives_an_exception_in_the_cell(shell: InteractiveShell) -> None:
+    before = torch_settings_snapshot()
+    result = shell.run_cell("%%nbt graphs --name failing_rep\nraise RuntimeError('cell failed')\n")
+    assert result.error_in_exec is None  # the report carries the error; the kernel goes on
+    assert "RuntimeError: cell failed" in shell.user_ns["failing_rep"].error
+    assert torch_settings_snapshot() == before
+
+
+def test_graphs_cell_magic_ctrl_c(shell: InteractiveShell) -> None:
+    before = torch_settings_snapshot()
+    result = shell.run_cell("%%nbt graphs\nraise KeyboardInterrupt\n")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert torch_settings_snapshot() == before
+    assert shell.run_cell("1 + 1").result == 2
+
+
+def test_compile_log_magic(shell: InteractiveShell, fixtures_dir: Path) -> None:
+    path = fixtures_dir / "compile_logs" / "tlparse_inputs" / "comp_failure.log"
+    shell.run_line_magic("nbt", f"compile-log {path} --name log_rep")
+    report: Any = shell.user_ns["log_rep"]
+    assert list(report.compile_failures["failure_type"]) == ["BackendCompilerFailed"]
+    with pytest.raises(nbt.CompileLogError, match="not found"):
+        shell.run_line_magic("nbt", "compile-log /nonexistent/trace.log")
