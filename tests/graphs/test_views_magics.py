@@ -1,4 +1,4 @@
-"""Graph views (explorer widget, FX code, compile-time chart) and the %%nbt graphs / %nbt compile-log magics."""
+"""Graph views (break explorer, FX code, compile-time chart) and %%nbt graphs / %nbt compile-log."""
 
 from __future__ import annotations
 
