@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+# Import torch once before any test: its import installs torch's own default log handlers,
+# which must not look like handlers a test leaked. (nbtoolkit itself imports torch lazily;
+# tests/foundation checks that in a subprocess.)
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 
@@ -28,9 +33,6 @@ def fixtures_dir() -> Path:
 
 
 def _torch_instrument_state() -> dict[str, object]:
-    torch = sys.modules.get("torch")
-    if torch is None:  # torch never imported: nothing of it can be active
-        return {}
     from torch.nn.modules import module as nn_module
 
     state: dict[str, object] = {
@@ -45,7 +47,13 @@ def _torch_instrument_state() -> dict[str, object]:
 
 def _logging_state() -> dict[str, object]:
     names = ["torch._logging.structured", "torch.__trace", "torch._dynamo", "torch._inductor"]
-    return {name: tuple(logging.getLogger(name).handlers) for name in names}
+    state: dict[str, object] = {}
+    for name in names:
+        logger = logging.getLogger(name)
+        # pytest's own capture handlers come and go per test phase: not ours to check.
+        handlers = tuple(h for h in logger.handlers if type(h).__name__ != "LogCaptureHandler")
+        state[name] = (handlers, logger.level, logger.propagate, logger.disabled)
+    return state
 
 
 @pytest.fixture(autouse=True)

@@ -101,3 +101,34 @@ def test_nbt_errors_show_as_one_line(shell: InteractiveShell, capsys: Any) -> No
     text = out.out + out.err
     assert "TraceError: cannot read /nowhere.json" in text
     assert "Traceback" not in text
+
+
+def test_profile_cell_end_to_end_stores_a_trace(shell: InteractiveShell) -> None:
+    """%%nbt profile on a tiny training step: the real profiler, a real Trace in the namespace."""
+    import nbtoolkit as nbt
+
+    shell.run_cell(
+        "import torch\n"
+        "from torch import nn\n"
+        "tiny = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))\n"
+        "opt = torch.optim.SGD(tiny.parameters(), lr=0.1)\n"
+        "x, y = torch.randn(8, 16), torch.randn(8, 1)\n"
+        "def train_step():\n"
+        "    opt.zero_grad()\n"
+        "    loss = nn.functional.mse_loss(tiny(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    return loss.item()\n",
+        store_history=False,
+    ).raise_error()
+    result = shell.run_cell("%%nbt profile --steps 2 --name prof\ntrain_step()\n", store_history=False)
+    result.raise_error()
+    trace = shell.user_ns["prof"]
+    assert isinstance(trace, nbt.Trace)
+    assert result.result is trace  # the magic's value is displayed as the cell's output
+    assert len(trace.steps) == 2
+    names = set(trace.top_operators(100)["name"])
+    assert any(name in names for name in ("aten::addmm", "aten::mm", "aten::linear"))
+    bundle = trace._repr_mimebundle_()
+    assert bundle["text/plain"]
+    assert "text/html" in bundle
