@@ -19,7 +19,7 @@ Definitions used throughout:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,13 +84,14 @@ def category_series(events: pd.DataFrame, *, coalesce: bool = True) -> pd.DataFr
     import pandas as pd
 
     names, matrix = _category_matrix(events)
-    frame = pd.DataFrame(matrix, columns=names)
-    frame.insert(0, "time_us", events["time_us"].to_numpy(dtype="float64"))
-    frame["total"] = matrix.sum(axis=1) if len(events) else np.zeros(0, dtype="int64")
-    if coalesce and len(frame):
-        times = frame["time_us"].to_numpy()
-        last_at_time = np.append(times[1:] != times[:-1], True)
-        frame = frame[last_at_time].reset_index(drop=True)
+    times = events["time_us"].to_numpy(dtype="float64")
+    total = running_total(events)
+    if coalesce and len(times):
+        keep = np.append(times[1:] != times[:-1], True)
+        matrix, times, total = matrix[keep], times[keep], total[keep]
+    frame = pd.DataFrame(matrix, columns=names, copy=False)
+    frame.insert(0, "time_us", times)
+    frame["total"] = total
     return frame
 
 
@@ -180,7 +181,7 @@ def module_attribution(events: pd.DataFrame) -> pd.DataFrame:
     split.columns = [f"{c}_at_peak_bytes" for c in split.columns]
     frame = made.join(at_peak, how="outer").join(split, how="left").fillna(0)
     frame = frame.astype("int64").reset_index().rename(columns={"index": "module"})
-    frame["module"] = frame["module"].replace("", "(no module)")
+    frame["module"] = frame["module"].astype(str).replace("", "(no module)")
     frame = frame.sort_values(["at_peak_bytes", "allocated_bytes"], ascending=False, kind="stable")
     return pd.DataFrame(frame).reset_index(drop=True)
 
@@ -228,22 +229,24 @@ def phase_attribution(events: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _spans(times: np.ndarray, labels: np.ndarray, label_name: str) -> pd.DataFrame:
+def _spans(times: np.ndarray, labels: Any, label_name: str) -> pd.DataFrame:
+    """Runs of equal consecutive labels; ``labels`` may be a categorical (compared by code)."""
     import numpy as np
     import pandas as pd
 
     if len(times) == 0:
         return pd.DataFrame({label_name: [], "start_us": [], "end_us": []})
-    change = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+    if isinstance(getattr(labels, "dtype", None), pd.CategoricalDtype):
+        keys = np.asarray(labels.cat.codes)
+        names = np.asarray(labels.cat.categories, dtype=object)
+        decode = lambda idx: names[keys[idx]]  # noqa: E731 - a local one-liner
+    else:
+        keys = np.asarray(labels, dtype=object)
+        decode = lambda idx: keys[idx]  # noqa: E731
+    change = np.flatnonzero(keys[1:] != keys[:-1]) + 1
     starts = np.concatenate([[0], change])
-    ends = np.concatenate([change, [len(times)]])
-    return pd.DataFrame(
-        {
-            label_name: labels[starts],
-            "start_us": times[starts],
-            "end_us": [times[min(e, len(times) - 1)] for e in ends],
-        }
-    )
+    ends = np.minimum(np.concatenate([change, [len(times)]]), len(times) - 1)
+    return pd.DataFrame({label_name: decode(starts), "start_us": times[starts], "end_us": times[ends]})
 
 
 def phase_spans(events: pd.DataFrame) -> pd.DataFrame:
@@ -251,7 +254,7 @@ def phase_spans(events: pd.DataFrame) -> pd.DataFrame:
 
     A run ends where the next run starts (its first event's time), so bands tile the axis.
     """
-    return _spans(events["time_us"].to_numpy(), events["phase"].to_numpy(dtype=object), "phase")
+    return _spans(events["time_us"].to_numpy(), events["phase"], "phase")
 
 
 def module_spans(events: pd.DataFrame) -> pd.DataFrame:
@@ -261,7 +264,7 @@ def module_spans(events: pd.DataFrame) -> pd.DataFrame:
     no module are dropped from the result.
     """
     allocs = events[events["action"] == "alloc"]
-    spans = _spans(allocs["time_us"].to_numpy(), allocs["module"].to_numpy(dtype=object), "module")
+    spans = _spans(allocs["time_us"].to_numpy(), allocs["module"], "module")
     return spans[spans["module"] != ""].reset_index(drop=True)
 
 

@@ -209,8 +209,10 @@ def _timeline_from_raw_export(rows: list[Any], source: Path) -> MemoryTimeline:
         device="unknown",
         category_method="torch.profiler (export_memory_timeline raw)",
         notes=[
-            ("torch's raw export carries no tensor identity, module, stack or device: "
-            "alive_at_peak() lists allocations not yet matched by a free of the same row only")
+            (
+                "torch's raw export carries no tensor identity, module, stack or device: "
+                "alive_at_peak() lists allocations not yet matched by a free of the same row only"
+            )
         ],
     )
 

@@ -99,11 +99,42 @@ def empty_events() -> pd.DataFrame:
     return normalize_events(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
 
 
-def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
-    """Give an events frame the documented columns and dtypes (missing text columns become "")."""
+def _as_text_categorical(values: Any) -> Any:
+    """A categorical of strings ("" for missing) without a per-row string round trip."""
     import pandas as pd
 
-    out = pd.DataFrame(index=range(len(frame)))
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categorical = values.array
+        categories = [("" if c is None else str(c)) for c in categorical.categories]
+        if len(set(categories)) == len(categories):
+            codes = categorical.codes.copy()
+            if (codes < 0).any():  # missing values become ""
+                if "" not in categories:
+                    categories.append("")
+                codes[codes < 0] = categories.index("")
+            return pd.Categorical.from_codes(codes, categories=categories)
+        values = values.astype(object)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    categories = ["" if u is None else str(u) for u in uniques]
+    if (codes < 0).any():
+        if "" not in categories:
+            categories.append("")
+        codes[codes < 0] = categories.index("")
+    if len(set(categories)) != len(categories):  # e.g. 1 and "1" both became "1"
+        return pd.Categorical(pd.Series(values).astype(object).fillna("").astype(str).to_numpy(dtype=object))
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
+    """Give an events frame the documented columns and dtypes (missing text columns become "").
+
+    Text columns are pandas categoricals: a million events repeat a few hundred module
+    names and a handful of phases, and categorical codes keep grouping and plotting fast.
+    """
+    import numpy as np
+    import pandas as pd
+
+    n = len(frame)
     defaults: dict[str, Any] = {
         "time_us": 0.0,
         "action": "alloc",
@@ -116,22 +147,34 @@ def normalize_events(frame: pd.DataFrame) -> pd.DataFrame:
         "source": "",
         "stack_id": -1,
     }
-    for name in EVENT_COLUMNS:
+    columns: dict[str, Any] = {}
+    for name, kind in (
+        ("time_us", "float64"),
+        ("delta_bytes", "int64"),
+        ("tensor", "int64"),
+        ("stack_id", "int64"),
+    ):
         if name in frame.columns:
-            out[name] = frame[name].to_numpy()
+            columns[name] = np.asarray(frame[name].to_numpy(), dtype=kind)
         else:
-            out[name] = defaults[name]
-    out["time_us"] = out["time_us"].astype("float64")
-    out["delta_bytes"] = out["delta_bytes"].astype("int64")
-    out["tensor"] = out["tensor"].astype("int64")
-    out["stack_id"] = out["stack_id"].astype("int64")
+            columns[name] = np.full(n, defaults[name], dtype=kind)
     for name in ("action", "module", "phase", "shape", "source"):
-        out[name] = out[name].astype(object).fillna("").astype(str)
-    out["category"] = pd.Categorical(out["category"].astype(str), categories=list(CATEGORIES))
-    if out["category"].isna().any():
-        bad = sorted(set(frame["category"].astype(str)) - set(CATEGORIES))
+        if name in frame.columns:
+            columns[name] = _as_text_categorical(frame[name])
+        else:
+            columns[name] = pd.Categorical.from_codes(np.zeros(n, dtype="int8"), categories=[defaults[name]])
+    raw_category = (
+        _as_text_categorical(frame["category"])
+        if "category" in frame.columns
+        else pd.Categorical.from_codes(np.zeros(n, dtype="int8"), categories=["unknown"])
+    )
+    bad = sorted(set(raw_category.categories) - set(CATEGORIES) - {""})
+    if bad:
         raise NbtUsageError(f"unknown memory categories {bad}: use one of {list(CATEGORIES)}")
-    return out
+    columns["category"] = raw_category.set_categories(list(CATEGORIES))
+    if columns["category"].isna().any():  # "" (missing) means unknown
+        columns["category"] = columns["category"].fillna("unknown")
+    return pd.DataFrame({name: columns[name] for name in EVENT_COLUMNS})
 
 
 @dataclass(repr=False)
@@ -231,6 +274,9 @@ class MemoryTimeline(Result):
         from nbtoolkit.views.memory import timeline_figure
 
         return timeline_figure(self, **options)
+
+    def _report_figures(self) -> list[Any]:
+        return [self.figure()]
 
     # -- persistence -----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

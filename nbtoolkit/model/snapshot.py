@@ -453,6 +453,18 @@ class MemorySnapshot(Result):
             category_method="heuristic (allocator stacks and annotations)",
         )
 
+    def figure(self, **options: Any) -> Any:
+        """The allocator's segments: allocated vs free (rounding / cached) per segment (plotly)."""
+        from nbtoolkit.views.memory import segment_figure
+
+        return segment_figure(self, **options)
+
+    def _report_figures(self) -> list[Any]:
+        figures = [self.figure()]
+        if len(self.trace):
+            figures.append(self.timeline().figure())
+        return figures
+
     # -- display -----------------------------------------------------------------------
     def _text(self) -> str:
         stats = self.stats()
