@@ -283,6 +283,54 @@ def test_magics_run_cells_stream_output_and_show_errors_once(
         shell.run_line_magic("unload_ext", "nbtoolkit")
 
 
+def _small_model():  # built on each rank
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+
+
+def _batch(rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(8, 256, generator=g), torch.randn(8, 256, generator=g)
+
+
+@pytest.mark.deepspeed
+def test_zero_sweep_runs_deepspeed_stages_on_the_ranks(cluster) -> None:
+    """ZeRO-1 and ZeRO-3 over the gloo group (the first run on a machine JIT-builds an op)."""
+    from nbtoolkit.integrations.deepspeed import zero_sweep
+
+    small = 16_384  # elements: a quarter of one layer's weights, so each stage needs several calls
+    sweep = zero_sweep(
+        cluster,
+        _small_model,
+        _batch,
+        settings=[
+            {"stage": 1, "reduce_bucket_size": small, "allgather_bucket_size": small},
+            {"stage": 3, "reduce_bucket_size": small, "stage3_prefetch_bucket_size": small},
+        ],
+        steps=2,
+        warmup=1,
+    )
+    table = sweep.table
+    assert list(table["config"]) == ["z1 rb=16.4k ag=16.4k", "z3 rb=16.4k pf=16.4k"]
+    assert (table["step_time_ms"] > 0).all() and (table["peak_mb"] > 0).all()
+    assert (table["comm_ms"] > 0).all(), "gloo collectives should be found in every trace"
+    # ZeRO-3 gathers parameters before each layer runs: more collective calls per step.
+    assert table["collectives_per_step"].iloc[1] > table["collectives_per_step"].iloc[0]
+    # Same seed, same data: the stages compute the same training step.
+    assert table["loss"].iloc[0] == pytest.approx(table["loss"].iloc[1], rel=1e-5)
+    assert set(sweep.traces) == set(table["config"])
+    assert all(t.ranks == [0, 1] for t in sweep.traces.values())
+    reading = sweep.reading()
+    assert "ZeRO-3 partitions parameters" in reading and "collective calls per step" in reading
+    assert "ZeRO sweep: 2 configurations" in repr(sweep)
+    fig = sweep.figure()
+    assert {t.name for t in fig.data} >= {"step time", "peak memory"}
+    assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
+
+
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
     from nbtoolkit.cluster.cluster import RemoteCellError
 
