@@ -1,0 +1,81 @@
+"""``%nbt optimize`` and ``%nbt plan``: thin magics over the optimize API."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+
+_MODEL = Argument("model", help="the model variable (a torch.nn.Module)")
+_STEP = Argument("step", help="the variable holding a zero-argument training-step function")
+_BLOCKS = Argument(
+    "--blocks", default=None, help="comma-separated module names to consider (default: repeated blocks)"
+)
+
+
+def _blocks(args: argparse.Namespace) -> list[str] | None:
+    return [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
+
+
+def _plan(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.optimizations.recompute import plan_recompute
+
+    return plan_recompute(
+        call.lookup(args.model, "model"), call.lookup(args.step, "step function"), args.budget,
+        blocks=_blocks(args),
+    )
+
+
+def _optimize(args: argparse.Namespace, call: MagicCall) -> Any:
+    model = call.lookup(args.model, "model")
+    step = call.lookup(args.step, "step function")
+    compile_arg: Any = args.compile
+    if args.compile and args.backend:
+        compile_arg = {"backend": args.backend}
+    if args.run:
+        from nbtoolkit.optimizations.apply import optimize
+
+        return optimize(model, step, compile=compile_arg, recompute="auto" if args.budget else None,
+                        budget_bytes=args.budget, amp=args.amp, steps=args.steps)
+    from nbtoolkit.views.optimize import optimize_panel
+
+    return optimize_panel(model, step, budget_bytes=args.budget, compile=compile_arg, amp=args.amp,
+                          steps=args.steps)
+
+
+register(
+    Subcommand(
+        name="plan",
+        summary="measure the model's blocks and choose which to recompute under a memory budget",
+        mode="line",
+        arguments=(
+            _MODEL,
+            _STEP,
+            Argument("--budget", default=None, help="peak step memory, e.g. 1.5GB or 800MiB (default: none)"),
+            _BLOCKS,
+        ),
+        handler=_plan,
+    )
+)
+
+register(
+    Subcommand(
+        name="optimize",
+        summary="panel: budget slider, compile/AMP toggles, apply and measure before/after",
+        mode="line",
+        arguments=(
+            _MODEL,
+            _STEP,
+            Argument(
+                "--budget", default=None, help="start the slider here, e.g. 1.5GB (with --run: plan for it)"
+            ),
+            Argument("--compile", action="store_true", help="apply torch.compile"),
+            Argument("--backend", default=None, help="torch.compile backend (default inductor), e.g. eager"),
+            Argument("--amp", default=None, choices=["bf16", "fp16"], help="autocast dtype"),
+            Argument("--steps", type=int, default=5, help="timed steps per measurement (default 5)"),
+            Argument("--run", action="store_true", help="no panel: optimize now and show the comparison"),
+        ),
+        handler=_optimize,
+    )
+)

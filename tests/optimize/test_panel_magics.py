@@ -1,0 +1,113 @@
+"""The optimize panel (slider follows the front without re-running; apply button) and the magics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbtoolkit as nbt
+from nbtoolkit.model.plan import RecomputePlan
+from nbtoolkit.views.optimize import OptimizePanel, plan_summary_html, tradeoff_figure
+from tests.optimize._models import make_gpt
+
+HIDDEN = [64, 256, 128, 384]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_compile_initialised() -> None:
+    # torch's first torch.compile installs its own LazyTraceHandler (one-time init, not ours)
+    torch.compile(lambda x: x + 1, backend="eager")(torch.zeros(1))
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[Any, Any, RecomputePlan]:
+    model, step = make_gpt(hidden=HIDDEN)
+    return model, step, nbt.plan_recompute(model, step, None, steps=1)
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtoolkit")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbtoolkit")
+
+
+def test_slider_updates_prediction_without_running_the_step(setup: Any) -> None:
+    model, step, plan = setup
+    calls = {"n": 0}
+
+    def counting_step() -> Any:
+        calls["n"] += 1
+        return step()
+
+    panel = OptimizePanel(model, counting_step, plan, steps=1, warmup=0)
+    assert panel.predicted() == {"blocks": [], "predicted_peak_bytes": plan.baseline_peak_bytes,
+                                 "predicted_overhead_s": 0.0}
+    shown = []
+    for fraction in (0.8, 0.5, 0.0):
+        panel.budget.value = panel.budget.min + (panel.budget.max - panel.budget.min) * fraction
+        best = panel.predicted()
+        assert best is not None and best["predicted_peak_bytes"] <= panel.budget_bytes
+        assert ", ".join(best["blocks"]) in panel.summary.value
+        shown.append(len(best["blocks"]))
+    assert shown == sorted(shown) and shown[-1] > shown[0]
+    assert calls["n"] == 0  # the slider never ran the step
+    assert "OptimizePanel" in repr(panel)
+
+
+def test_apply_button_measures_and_shows_comparison(setup: Any) -> None:
+    model, step, plan = setup
+    panel = OptimizePanel(model, step, plan, steps=1, warmup=0)
+    panel.budget.value = panel.budget.min
+    panel.button.click()
+    cmp = panel.comparison
+    assert cmp is not None
+    assert cmp.after.peak_bytes <= panel.budget_bytes + 4096  # slider rounding of MiB
+    assert cmp.after.peak_bytes < cmp.before.peak_bytes
+    assert panel.progress.value == panel.progress.max > 1
+    assert not panel.button.disabled
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_figure_and_summary_escape_and_units(setup: Any) -> None:
+    _, _, plan = setup
+    fig = tradeoff_figure(plan, budget_bytes=plan.min_peak_bytes)
+    assert fig.layout.yaxis.title.text.endswith("(MiB)")
+    assert len(fig.data) == 2  # the front and the chosen plan
+    html = plan_summary_html(plan, plan.min_peak_bytes - 10)
+    assert "No plan fits" in html
+    bad = plan.tradeoff.copy()
+    bad.loc[len(bad) - 1, "blocks"] = "<script>x</script>"
+    tampered = RecomputePlan(**{**plan.__dict__, "tradeoff": bad})
+    assert "<script>" not in plan_summary_html(tampered, tampered.min_peak_bytes)
+
+
+def test_plan_magic(shell: InteractiveShell, setup: Any) -> None:
+    model, step, plan = setup
+    shell.user_ns.update(gpt=model, train_step=step)
+    budget = (plan.min_peak_bytes + plan.baseline_peak_bytes) // 2
+    result = shell.run_line_magic("nbt", f"plan gpt train_step --budget {budget} --name p")
+    assert isinstance(result, RecomputePlan) and shell.user_ns["p"] is result
+    assert result.blocks and result.predicted_peak_bytes <= budget
+    with pytest.raises(Exception, match="no model named 'nope'"):
+        shell.run_line_magic("nbt", "plan nope train_step")
+    with pytest.raises(UsageError):
+        shell.run_line_magic("nbt", "optimize gpt train_step --amp fp8")
+
+
+def test_optimize_magic_builds_panel_and_runs(shell: InteractiveShell, setup: Any) -> None:
+    model, step, _ = setup
+    shell.user_ns.update(gpt=model, train_step=step)
+    panel = shell.run_line_magic("nbt", "optimize gpt train_step --steps 1 --compile --backend aot_eager")
+    assert isinstance(panel, OptimizePanel) and panel.compile.value
+    assert panel.compile_options == {"backend": "aot_eager"}
+    cmp = shell.run_line_magic("nbt", "optimize gpt train_step --run --compile --backend aot_eager --steps 1")
+    assert cmp.after.graph_count is not None and cmp.after.graph_count >= 1
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    torch._dynamo.reset()
