@@ -1,0 +1,171 @@
+"""Pieces of the cluster layer that need no Ray: rank specs, output prefixing, rank-side code
+execution, displays (escaping), the ZeRO config and the sweep's plain-words reading."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pandas as pd
+import pytest
+
+from nbtoolkit.cluster.cluster import ClusterStatus, RemoteCellError, RemoteRun, parse_ranks
+from nbtoolkit.cluster.output import RankPrefixedPrinter, prefix_lines
+from nbtoolkit.cluster.rank_actor import RankActor
+from nbtoolkit.cluster.ranks import RankCallResult, RankFailure, _death_cause
+from nbtoolkit.errors import ClusterError, NbtUsageError
+from nbtoolkit.integrations.deepspeed import grid_settings, label, read_sweep, zero_config
+
+
+def test_parse_ranks_accepts_lists_ranges_and_all() -> None:
+    assert parse_ranks(None, 4) == [0, 1, 2, 3]
+    assert parse_ranks("all", 2) == [0, 1]
+    assert parse_ranks("0,2", 4) == [0, 2]
+    assert parse_ranks("1-3", 4) == [1, 2, 3]
+    assert parse_ranks(1, 2) == [1]
+    assert parse_ranks([1, 0, 1], 2) == [0, 1]
+    with pytest.raises(NbtUsageError, match="0-1"):
+        parse_ranks("2", 2)
+    with pytest.raises(NbtUsageError, match="rank spec"):
+        parse_ranks("a-b", 2)
+
+
+def test_printer_prefixes_complete_lines_and_flushes_the_rest() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    printer = RankPrefixedPrinter(stdout=out, stderr=err)
+    printer(0, "stdout", "hel")
+    printer(1, "stdout", "one\ntw")
+    printer(0, "stdout", "lo\n")
+    printer(1, "stderr", "oops\n")
+    assert out.getvalue() == "[rank 1] one\n[rank 0] hello\n"
+    printer.flush()
+    assert out.getvalue().endswith("[rank 1] tw\n")
+    assert err.getvalue() == "[rank 1] oops\n"
+    assert prefix_lines(3, "a\nb") == "[rank 3] a\n[rank 3] b"
+
+
+def test_rank_actor_runs_cells_in_a_persistent_namespace_and_captures_output() -> None:
+    actor = RankActor(rank=1, world_size=2)
+    stdout = sys.stdout
+    first = actor.run_cell("x = rank + 41\nprint('hi'); import sys; print('err', file=sys.stderr)\nx")
+    assert sys.stdout is stdout  # the real streams are back
+    assert first["value"] == 42 and first["error"] is None
+    assert first["output"] == [("stdout", "hi\n"), ("stderr", "err\n")]
+    assert actor.run_cell("x * 2")["value"] == 84
+    failed = actor.run_cell("def f():\n    raise KeyError('k')\nf()")
+    assert failed["error"].startswith("Traceback") and "KeyError: 'k'" in failed["error"]
+    assert "rank_actor.py" not in failed["error"]  # only the user's frames
+    bad = actor.run_cell("1 +")
+    assert "SyntaxError" in bad["error"]
+    assert actor.push({"y": 5})["error"] is None and actor.run_cell("y")["value"] == 5
+    assert actor.interrupt() is False  # nothing running
+    assert actor.state()["cells_run"] >= 4
+
+
+def test_remote_run_text_html_and_error_escape_foreign_text() -> None:
+    raw = RankCallResult(
+        outcomes={
+            0: {
+                "rank": 0,
+                "value": "<script>alert(1)</script>",
+                "error": None,
+                "output": [],
+                "elapsed_s": 0.1,
+            },
+            1: {
+                "rank": 1,
+                "value": None,
+                "error": "Traceback\nValueError: <b>",
+                "output": [],
+                "elapsed_s": 0.1,
+            },
+        },
+        dead=[RankFailure(rank=2, cause="its worker process (pid 7) exited: <killed>")],
+    )
+    run = RemoteRun([0, 1, 2], raw)
+    assert not run.ok
+    html = run._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;killed&gt;" in html
+    text = repr(run)
+    assert "[rank 1] error: ValueError: <b>" in text and "[rank 2] died" in text
+    err = RemoteCellError(run)
+    assert isinstance(err, ClusterError)
+    message = str(err)
+    assert "the cell failed on 2 of 3 ranks" in message and "rank 2 died" in message
+    assert message.count("ValueError: <b>") == 1
+
+
+def test_identical_tracebacks_are_shown_once_for_all_their_ranks() -> None:
+    same = {
+        "rank": 0,
+        "value": None,
+        "error": "Traceback\nZeroDivisionError: x",
+        "output": [],
+        "elapsed_s": 0,
+    }
+    raw = RankCallResult(outcomes={0: dict(same), 1: dict(same, rank=1)})
+    message = str(RemoteCellError(RemoteRun([0, 1], raw)))
+    assert message.count("ZeroDivisionError") == 1 and "--- ranks 0, 1 ---" in message
+
+
+def test_status_html_escapes_causes() -> None:
+    status = ClusterStatus(
+        {"address": "127.0.0.1:1", "origin": "connected", "world_size": 1, "backend": "gloo", "master": None},
+        [{"rank": 0, "state": "dead", "pid": 1, "ip": "127.0.0.1", "device": "cpu", "cells_run": 0,
+          "busy_s": None, "cause": "<script>x</script>"}],
+    )  # fmt: skip
+    assert "<script>" not in status._repr_html_()
+    assert "rank 0: dead" in repr(status)
+
+
+def test_death_cause_is_short_and_names_the_pid() -> None:
+    ray_message = (
+        "The actor died unexpectedly before finishing this task. class_name: RankWorker pid: 1234 "
+        "Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a "
+        "connection error code 2. End of file. Some common causes include: (1) the OOM killer"
+    )
+    cause = _death_cause(RuntimeError(ray_message))
+    assert cause == (
+        "its worker process (pid 1234) exited: Worker unexpectedly exits with a connection error code 2. "
+        "End of file."
+    )
+
+
+def test_zero_config_and_labels() -> None:
+    cfg = zero_config(stage=3, micro_batch_size=4, stage3_prefetch_bucket_size=50_000, overlap_comm=True)
+    assert cfg["zero_optimization"] == {
+        "stage": 3,
+        "stage3_prefetch_bucket_size": 50_000,
+        "overlap_comm": True,
+    }
+    assert cfg["train_micro_batch_size_per_gpu"] == 4
+    with pytest.raises(NbtUsageError, match="stage"):
+        zero_config(stage=4)
+    with pytest.raises(NbtUsageError, match="reduce_bucket_size"):
+        zero_config(reduce_bucket_size=-1)
+    assert label({"stage": 2, "reduce_bucket_size": 200_000, "overlap_comm": True}) == "z2 rb=200k overlap"
+    assert len(grid_settings({"stage": [1, 2], "overlap_comm": [False, True]})) == 4
+    with pytest.raises(NbtUsageError, match="unknown ZeRO knob"):
+        grid_settings({"bucket": [1]})
+
+
+def test_reading_names_what_changed_and_what_it_did() -> None:
+    table = pd.DataFrame(
+        [
+            {"config": "z1", "stage": 1, "reduce_bucket_size": None, "allgather_bucket_size": None,
+             "stage3_prefetch_bucket_size": None, "overlap_comm": None, "step_time_ms": 50.0,
+             "exposed_comm_ms": 20.0, "peak_mb": 100.0, "collectives_per_step": 3.0},
+            {"config": "z3", "stage": 3, "reduce_bucket_size": None, "allgather_bucket_size": None,
+             "stage3_prefetch_bucket_size": None, "overlap_comm": None, "step_time_ms": 100.0,
+             "exposed_comm_ms": 40.0, "peak_mb": 60.0, "collectives_per_step": 9.0},
+            {"config": "z1 rb=1k", "stage": 1, "reduce_bucket_size": 1000, "allgather_bucket_size": None,
+             "stage3_prefetch_bucket_size": None, "overlap_comm": None, "step_time_ms": 52.0,
+             "exposed_comm_ms": 20.0, "peak_mb": 100.0, "collectives_per_step": 3.0},
+        ]
+    )  # fmt: skip
+    lines = read_sweep(table).splitlines()
+    assert lines[0].startswith("baseline z1: 50.0 ms per step")
+    assert "raised step time by 100% (50.0 ms -> 100.0 ms)" in lines[1]
+    assert "cut peak memory by 40% (100.0 MB -> 60.0 MB)" in lines[1]
+    assert "9 collective calls per step instead of 3" in lines[1] and "ZeRO-3" in lines[1]
+    assert "changed reduce_bucket_size=1k" in lines[2] and "no clear change in step time" in lines[2]
