@@ -81,11 +81,11 @@ def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
         ) from None
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, *, what: str = "memory snapshot") -> bytes:
     if not path.exists():
-        raise SnapshotError(f"no memory snapshot at {path}: check the path")
+        raise SnapshotError(f"no {what} at {path}: check the path")
     if path.is_dir():
-        raise SnapshotError(f"{path} is a folder; pass one snapshot file (.pickle/.pkl)")
+        raise SnapshotError(f"{path} is a folder; pass one {what} file")
     size = path.stat().st_size
     if size > _MAX_BYTES:
         raise SnapshotError(f"{path} is {size / 1024**3:.1f} GiB; snapshots above 4 GiB are not read")
@@ -229,7 +229,7 @@ def load_memory_timeline(path: str | Path) -> MemoryTimeline:
     source = Path(path).expanduser()
     if source.suffix == ".parquet":
         return MemoryTimeline.load(source)
-    data = _read_bytes(source)
+    data = _read_bytes(source, what="memory timeline")
     if data[:4] == b"PAR1":
         return MemoryTimeline.load(source)
     if not _looks_like_json(data):

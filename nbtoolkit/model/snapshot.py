@@ -524,7 +524,8 @@ def _snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFram
        consecutive events of that phase: optimizer -> optimizer_state (outlives) or
        temporary; backward -> gradient or autograd_detail; forward -> activation or
        temporary; stacks under ``nn.Module._apply``/``to``/``Parameter`` -> parameter;
-       everything else (and pre-existing memory) -> unknown.
+       pre-existing blocks whose stack shows parameter creation -> parameter, optimizer
+       code -> optimizer_state; everything else -> unknown.
     """
     import numpy as np
     import pandas as pd
@@ -578,7 +579,7 @@ def _snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFram
             live[int(addrs[i])] = (next_id, int(sizes[i]))
             rows.append((t, "alloc", int(sizes[i]), next_id, phase, sid, sources[sid]))
             next_id += 1
-        elif action == "free_completed":
+        elif action in ("free_completed", "free"):  # "free": snapshots of torch < 2.1
             addr = int(addrs[i])
             if addr in live:
                 tensor, size = live.pop(addr)
@@ -658,12 +659,16 @@ def _infer_categories(frame: pd.DataFrame, hints: list[str]) -> Any:
     }
     by_tensor: dict[int, str] = {}
     for i in range(n):
-        if actions[i] != "alloc":
+        if actions[i] not in ("alloc", "preexisting"):
             continue
         tensor = int(tensors[i])
         phase = phases[i]
         sid = int(stack_ids[i])
-        if sid >= 0 and hints[sid] == "parameter" and phase != "optimizer":
+        if actions[i] == "preexisting":
+            # Only its stack (if the block kept one) tells what it was.
+            hint = hints[sid] if sid >= 0 else ""
+            category = {"parameter": "parameter", "optimizer": "optimizer_state"}.get(hint, "unknown")
+        elif sid >= 0 and hints[sid] == "parameter" and phase != "optimizer":
             category = "parameter"
         elif phase in survives_to:
             outlives = free_run.get(tensor, run_id[i] + 1) > run_id[i]

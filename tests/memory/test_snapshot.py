@@ -143,9 +143,19 @@ def test_html_escapes_frame_names() -> None:
         {
             "segments": [
                 {
-                    "device": 0, "address": 4096, "total_size": 2048, "stream": 0,
-                    "blocks": [{"address": 4096, "size": 2048, "requested_size": 2000,
-                                "state": "active_allocated", "frames": frames}],
+                    "device": 0,
+                    "address": 4096,
+                    "total_size": 2048,
+                    "stream": 0,
+                    "blocks": [
+                        {
+                            "address": 4096,
+                            "size": 2048,
+                            "requested_size": 2000,
+                            "state": "active_allocated",
+                            "frames": frames,
+                        }
+                    ],
                 }
             ],
             "device_traces": [
@@ -225,8 +235,16 @@ def test_raw_memory_timeline_export(fixtures_dir: Path) -> None:
     timeline = load_memory_timeline(path)
     assert len(timeline.events) == len(rows)
     # Final bytes per category equal the plain sums of the raw rows (torch's category indices).
-    names = ["parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
-             "autograd_detail", "unknown"]
+    names = [
+        "parameter",
+        "optimizer_state",
+        "input",
+        "temporary",
+        "activation",
+        "gradient",
+        "autograd_detail",
+        "unknown",
+    ]
     expected = dict.fromkeys(names, 0)
     for _, _, size, category in rows:
         expected[names[category]] += size
@@ -248,3 +266,88 @@ def test_timeline_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> Non
     assert again.category_peaks().equals(timeline.category_peaks())
     with pytest.raises(SnapshotError, match="not a saved memory timeline"):
         nbt.MemoryTimeline.load(fixtures_dir / "memory/shrey_profile_grad.pkl")
+
+
+def _frames(*names: tuple[str, str]) -> list[dict[str, object]]:
+    return [{"name": name, "filename": filename, "line": 1} for name, filename in names]
+
+
+def test_oom_devices_and_preexisting_categories() -> None:
+    """A hand-made two-device snapshot with an OOM and blocks allocated before recording."""
+    weights = _frames(("__init__", "/x/torch/nn/modules/linear.py"), ("<module>", "/home/u/train.py"))
+    forward = _frames(
+        ("forward", "/x/torch/nn/modules/linear.py"),
+        ("_call_impl", "/x/torch/nn/modules/module.py"),
+        ("step", "/home/u/train.py"),
+    )
+    segment = {
+        "device": 1,
+        "address": 0,
+        "total_size": 4096,
+        "stream": 0,
+        "blocks": [
+            {
+                "address": 0,
+                "size": 1024,
+                "requested_size": 1000,
+                "state": "active_allocated",
+                "frames": weights,
+            },
+            {
+                "address": 1024,
+                "size": 1024,
+                "requested_size": 1024,
+                "state": "active_allocated",
+                "frames": [],
+            },
+            {"address": 2048, "size": 2048, "requested_size": 2048, "state": "inactive", "frames": []},
+        ],
+    }
+    trace_1 = [
+        {"action": "alloc", "addr": 2048, "size": 2048, "time_us": 10, "frames": forward},
+        {
+            "action": "free_completed",
+            "addr": 1024,
+            "size": 1024,
+            "time_us": 11,
+            "frames": forward,
+        },  # pre-existing
+        {"action": "alloc", "addr": 1024, "size": 1024, "time_us": 12, "frames": forward},
+        {"action": "free_completed", "addr": 2048, "size": 2048, "time_us": 13, "frames": forward},
+        {"action": "oom", "addr": 0, "size": 1 << 30, "device_free": 512, "time_us": 14, "frames": forward},
+    ]
+    snap = MemorySnapshot.from_dict({"segments": [segment], "device_traces": [[], trace_1]})
+    assert snap.devices() == [1]
+    ooms = snap.ooms
+    assert len(ooms) == 1 and ooms["size"].iloc[0] == 1 << 30 and ooms["device_free"].iloc[0] == 512
+    assert "out-of-memory events recorded: 1" in repr(snap)
+    timeline = snap.timeline()  # defaults to the device with trace entries
+    assert timeline.device == "cuda:1"
+    assert any("out-of-memory" in note for note in timeline.notes)
+    events = timeline.events
+    before = events[events["action"] == "preexisting"]
+    # The weight block (stack under nn.Linear.__init__) and the block freed in the trace existed before.
+    assert sorted(before["delta_bytes"]) == [1000, 1024]
+    assert set(before.loc[before["delta_bytes"] == 1000, "category"]) == {"parameter"}
+    assert int(events["delta_bytes"].sum()) == 1000 + 1024  # what is live in the segments
+    assert timeline.peak_bytes == 1000 + 1024 + 2048
+    stats = snap.stats()
+    assert (stats.total_allocated, stats.free_internal, stats.free_external) == (2024, 24, 2048)
+    assert snap.fragmentation() == 0.0  # the only free block is one piece
+
+
+def test_load_memory_timeline_errors(tmp_path: Path) -> None:
+    coalesced = tmp_path / "coalesced.json"
+    coalesced.write_text(json.dumps([[1, 2], [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5, 6, 7, 8]]]))
+    with pytest.raises(SnapshotError, match=r"raw\.json\.gz"):
+        load_memory_timeline(coalesced)
+    broken = tmp_path / "broken.json"
+    broken.write_text("[[1, 2, 3, 4], [5, 6")
+    with pytest.raises(SnapshotError, match=r"broken\.json is corrupt or truncated JSON"):
+        load_memory_timeline(broken)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text("[[1, 2, 3]]")
+    with pytest.raises(SnapshotError, match="not export_memory_timeline raw output"):
+        load_memory_timeline(wrong)
+    with pytest.raises(SnapshotError, match="no memory timeline at"):
+        load_memory_timeline(tmp_path / "nothing.json")
