@@ -77,3 +77,15 @@ def test_report_magic_collects_the_notebook_results(tmp_path: Path) -> None:
         shell.run_line_magic("unload_ext", "nbtoolkit")
         shell.user_ns.pop("finding_a", None)
         shell.user_ns.pop("_private", None)
+
+
+def test_report_of_a_profiled_trace_embeds_its_timeline(tmp_path: Path) -> None:
+    import torch
+
+    layer = torch.nn.Linear(8, 8)
+    trace = nbt.profile(lambda: layer(torch.randn(4, 8)).sum().backward(), steps=1, warmup=0)
+    out = nbt.report(("profile", trace), path=tmp_path / "t.html")
+    text = (tmp_path / "t.html").read_text()
+    assert out.sections == ("profile",)
+    assert "plotly.js v" in text  # the timeline figure came along, with plotly inlined
+    assert "aten::addmm" in text or "aten::linear" in text
