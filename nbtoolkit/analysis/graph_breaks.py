@@ -100,13 +100,13 @@ FIX_HINTS: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-def classify_break(gb_type: str, explanation: str = "") -> str | None:
-    """The category of a break type (``scalar``, ``print``, ``logging``, ``control_flow`` ...) or None."""
+def classify_break(gb_type: str, explanation: str = "") -> str:
+    """The category of a break (``scalar``, ``print``, ``logging``, ``control_flow`` ...), else ``other``."""
     text = f"{gb_type}\n{explanation}"
     for category, pattern, _ in FIX_HINTS:
         if pattern.search(text):
             return category
-    return None
+    return "other"
 
 
 def fix_hint(gb_type: str, explanation: str = "", torch_hints: str = "") -> str:

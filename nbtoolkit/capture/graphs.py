@@ -133,6 +133,7 @@ def capture_graphs(
     eager_baseline: bool = True,
     measure_cost: bool = True,
     raise_errors: bool = False,
+    label: str | None = None,
     **kwargs: Any,
 ) -> GraphReport:
     """Run ``fn(*args, **kwargs)`` and report every graph, graph break, recompile and compile failure.
@@ -141,8 +142,9 @@ def capture_graphs(
     a forward pass, a notebook cell). It is called ``1 + 2*steps`` times, plus
     ``1 + steps`` eager calls when ``eager_baseline`` (see the module docstring for what
     each run measures and how a break's cost is measured); ``steps=0`` only records the
-    compile of one call. The keyword arguments ``steps``, ``eager_baseline``,
-    ``measure_cost`` and ``raise_errors`` belong to ``capture_graphs``; pass
+    compile of one call. ``label`` names the report (default: ``fn``'s qualified name).
+    The keyword arguments ``steps``, ``eager_baseline``, ``measure_cost``,
+    ``raise_errors`` and ``label`` belong to ``capture_graphs``; pass
     ``functools.partial(fn, steps=...)`` if ``fn`` itself takes one of those names.
 
     Returns a :class:`~nbtoolkit.model.graphs.GraphReport`; ``report.break_summary()``
@@ -159,7 +161,7 @@ def capture_graphs(
     from nbtoolkit.io.compile_events import CompileEventParser
     from nbtoolkit.model.graphs import GraphReport
 
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    name = label or getattr(fn, "__qualname__", None) or type(fn).__name__
     error: str | None = None
     first_call_s = step_time_s = eager_step_time_s = None
     profiled_events: list[Any] = []

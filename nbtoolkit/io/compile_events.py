@@ -701,6 +701,6 @@ def _split_recompile_reason(reason: str) -> tuple[str | None, str]:
     """``"0/0: tensor 'x' size mismatch ..."`` -> (``"0/0"``, ``"tensor 'x' size mismatch ..."``)."""
     first = reason.strip().splitlines()[0] if reason.strip() else ""
     m = _RECOMPILE_PREFIX.match(first)
-    if m:
-        return m.group("cid"), m.group("guard").strip()
-    return None, first
+    cid, guard = (m.group("cid"), m.group("guard").strip()) if m else (None, first)
+    # torch appends the guarded source line as a comment ("x == 1.5  # y = t.item()  # f.py:3 in fn")
+    return cid, re.split(r"\s{2,}#\s", guard, maxsplit=1)[0].strip()

@@ -23,6 +23,7 @@ def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
         steps=args.steps,
         eager_baseline=not args.no_eager,
         measure_cost=not args.no_cost,
+        label="%%nbt graphs cell",
     )
 
 

@@ -300,7 +300,7 @@ class GraphComparison(Result):
         for name, a, b in metrics:
             change = b - a if _is_number(a) and _is_number(b) else None
             rows.append({"metric": name, self.labels[0]: a, self.labels[1]: b, "change": change})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, dtype=object)  # object: counts stay ints next to times
 
     def fixed_breaks(self) -> pd.DataFrame:
         """Distinct breaks (type + location) present before and gone after."""
