@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 _LAZY_EXPORTS: dict[str, str] = {
     "Cluster": "nbtoolkit.cluster.cluster",
     "Comparison": "nbtoolkit.model.comparison",
+    "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
     "Measurement": "nbtoolkit.model.comparison",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
@@ -121,7 +122,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.model.comparison import Comparison, Measurement
-    from nbtoolkit.model.graphs import GraphReport
+    from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan
