@@ -332,15 +332,6 @@ class MemoryTimeline(Result):
         )
 
     # -- display -----------------------------------------------------------------------
-    def _summary_rows(self) -> list[tuple[str, str]]:
-        peaks = self.category_peaks()
-        rows = [
-            (str(r.category), format_bytes(int(r.at_peak_bytes)))
-            for r in peaks.itertuples()
-            if r.at_peak_bytes or r.peak_bytes
-        ]
-        return rows
-
     def _text(self) -> str:
         n_alloc = int((self.events["action"] == "alloc").sum())
         lines = [
@@ -348,9 +339,15 @@ class MemoryTimeline(Result):
                 f"MemoryTimeline on {self.device}: {len(self.events):,} events ({n_alloc:,} allocations), "
                 f"peak {format_bytes(self.peak_bytes)} at {self.peak_time / 1e3:,.3f} ms"
             ),
-            f"categories from {self.category_method}; at the peak:",
+            f"categories from {self.category_method}",
+            f"  {'category':<16} {'at the peak':>12} {'own peak':>12}",
         ]
-        lines += [f"  {name:<16} {size}" for name, size in self._summary_rows()]
+        lines.extend(
+            f"  {r.category!s:<16} {format_bytes(int(r.at_peak_bytes)):>12} "
+            f"{format_bytes(int(r.peak_bytes)):>12}"
+            for r in self.category_peaks().itertuples()
+            if r.at_peak_bytes or r.peak_bytes
+        )
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
