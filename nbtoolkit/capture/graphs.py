@@ -161,7 +161,9 @@ def capture_graphs(
     from nbtoolkit.io.compile_events import CompileEventParser
     from nbtoolkit.model.graphs import GraphReport
 
-    name = label or getattr(fn, "__qualname__", None) or type(fn).__name__
+    original = getattr(fn, "_orig_mod", None)  # a torch.compile'd nn.Module: name the module
+    name = label or (type(original).__name__ if original is not None else None)
+    name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     error: str | None = None
     first_call_s = step_time_s = eager_step_time_s = None
     profiled_events: list[Any] = []

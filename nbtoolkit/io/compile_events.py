@@ -38,11 +38,14 @@ module level.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import linecache
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -203,12 +206,68 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
     m = _REASON_AT.search(text)
     if m:
         body = text[m.start("rest") :]
-    cut = body.find("\nUser code traceback:")
-    tb_text = body[cut:] if cut >= 0 else ""
-    if cut >= 0:
-        body = body[:cut]
+    tb_text = ""
+    for marker in _TRACEBACK_MARKERS:
+        cut = body.find(marker)
+        if cut >= 0:
+            body, tb_text = body[:cut], body[cut + len(marker) :]
+            break
     reason = body.strip()
     lines = body.splitlines()
+    gb_type, explanation_lines, hints, context_lines = _sections(lines)
+    if not explanation_lines:
+        # "skip" breaks (torch/_dynamo/convert_frame.py) put torch's message only in the exception
+        # text after the traceback: "torch._dynamo.exc.Unsupported: GB_TYPE\n  Explanation: ..."
+        exc = list(_EXCEPTION_LINE.finditer(text))
+        if exc:
+            tail = [exc[-1].group("first"), *text[exc[-1].end() :].splitlines()]
+            found = _sections(tail)
+            if found[1]:
+                gb_type, explanation_lines, hints, context_lines = found
+    if not gb_type:
+        gb_type = next((x.strip() for x in lines if x.strip()), "")
+    link = _LINK.search(text)
+    doc_url = link.group(0) if link else None
+    gb_id = f"GB{link.group('id')}" if link else None
+    if gb_id is None and gb_type:
+        # messages without the link (older torch): the registry of the installed torch knows the id
+        gb_id = _registry_ids().get(gb_type)
+        if gb_id is not None:
+            doc_url = f"{GRAPH_BREAK_SITE}gb{gb_id[2:]}.html"  # torch's own link format
+    frames = _traceback_frames(_user_traceback(tb_text.splitlines()))
+    user_function = traceback_source = None
+    if user_file is None or _is_torch_internal(user_file):
+        # no location line, or torch names its own polyfill (a break inside code it inlines for
+        # the user, e.g. a class constructor): the user's line is the deepest frame outside torch
+        outside = [f for f in frames if not _is_torch_internal(f[0])]
+        if outside:
+            user_file, user_line, user_function, traceback_source = outside[-1]
+    else:
+        for file, line, function, source in frames:
+            if file == user_file and line == user_line:
+                user_function, traceback_source = function, source
+    explanation = "\n".join(explanation_lines).strip()
+    return GraphBreakText(
+        gb_type=gb_type,
+        reason=reason,
+        explanation=explanation,
+        hints=hints,
+        context=" ".join(context_lines),
+        doc_url=doc_url,
+        gb_id=gb_id,
+        user_file=user_file,
+        user_line=user_line,
+        user_function=user_function,
+        traceback_source=traceback_source,
+    )
+
+
+_TRACEBACK_MARKERS = ("\nUser code traceback:", "\nThe graph break occurred in the following user code:")
+_EXCEPTION_LINE = re.compile(r"(?m)^torch\._dynamo\.exc\.\w+: (?P<first>.*)$")
+
+
+def _sections(lines: list[str]) -> tuple[str, list[str], list[str], list[str]]:
+    """(gb_type, explanation lines, hints, developer context) of torch's graph-break message."""
     gb_type = ""
     explanation_lines: list[str] = []
     hints: list[str] = []
@@ -236,54 +295,20 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
             hints[-1] += " " + stripped
         elif section == "context" and stripped:
             context_lines.append(stripped)
-    if not gb_type:
-        first = next((x.strip() for x in lines if x.strip()), "")
-        gb_type = first
-    link = _LINK.search(text)
-    doc_url = link.group(0) if link else None
-    gb_id = f"GB{link.group('id')}" if link else None
-    user_function = traceback_source = None
-    tb_lines = tb_text.splitlines()
+    return gb_type, explanation_lines, hints, context_lines
+
+
+def _traceback_frames(tb_lines: list[str]) -> list[tuple[str, int, str, str | None]]:
+    """(file, line, function, source line) of each frame of a formatted traceback, outermost first."""
+    frames = []
     for i, line in enumerate(tb_lines):
         fm = _TB_FRAME.match(line)
         if fm is None:
-            if line.startswith("Traceback (most recent call last)"):
-                break
             continue
-        if user_file is None or (fm.group("file") == user_file and int(fm.group("line")) == user_line):
-            user_function = fm.group("func").strip()
-            nxt = tb_lines[i + 1] if i + 1 < len(tb_lines) else ""
-            traceback_source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
-            if user_file is None:
-                user_file, user_line = fm.group("file"), int(fm.group("line"))
-    if user_file is not None and _is_torch_internal(user_file):
-        # torch names its own polyfill as the break location when the break happens inside
-        # code it inlines for the user (e.g. a class constructor): the user's line is the
-        # deepest traceback frame outside torch.
-        outside = [
-            (fm.group("file"), int(fm.group("line")), fm.group("func").strip(), i)
-            for i, fm in ((i, _TB_FRAME.match(x)) for i, x in enumerate(_user_traceback(tb_lines)))
-            if fm is not None and not _is_torch_internal(fm.group("file"))
-        ]
-        if outside:
-            user_file, user_line, user_function, index = outside[-1]
-            src = _user_traceback(tb_lines)
-            nxt = src[index + 1] if index + 1 < len(src) else ""
-            traceback_source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
-    explanation = "\n".join(explanation_lines).strip()
-    return GraphBreakText(
-        gb_type=gb_type,
-        reason=reason,
-        explanation=explanation,
-        hints=hints,
-        context=" ".join(context_lines),
-        doc_url=doc_url,
-        gb_id=gb_id,
-        user_file=user_file,
-        user_line=user_line,
-        user_function=user_function,
-        traceback_source=traceback_source,
-    )
+        nxt = tb_lines[i + 1] if i + 1 < len(tb_lines) else ""
+        source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
+        frames.append((fm.group("file"), int(fm.group("line")), fm.group("func").strip(), source))
+    return frames
 
 
 _TORCH_INTERNAL = re.compile(
@@ -303,6 +328,22 @@ def _user_traceback(tb_lines: list[str]) -> list[str]:
         if line.startswith("Traceback (most recent call last)"):
             return tb_lines[:i]
     return tb_lines
+
+
+@functools.lru_cache(maxsize=1)
+def _registry_ids() -> dict[str, str]:
+    """gb_type -> ``GBnnnn`` from the installed torch's graph-break registry, read without importing torch."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
+            return {}
+        registry = json.loads((Path(locations[0]) / "_dynamo" / "graph_break_registry.json").read_text())
+    except (OSError, ValueError, ImportError):
+        return {}
+    return {
+        entry["Gb_type"]: gb for gb, entries in registry.items() for entry in entries if "Gb_type" in entry
+    }
 
 
 def source_context(

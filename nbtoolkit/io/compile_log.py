@@ -100,6 +100,11 @@ def load_compile_log(path: str | Path) -> GraphReport:
                 "(lines like `V0403 07:28:48.051000 1234 torch/_dynamo/...] {{...}}`)?"
             )
     frames = parser.frames()
+    if frames["breaks"].empty and (frames["failures"]["failure_type"] == "RestartAnalysis").any():
+        parser.notes.append(
+            "this log has no graph-break records (newer torch logs each break as a dynamo_graph_break_reason "
+            "artifact); the restarts in .failures name the breaks that restarted a compile"
+        )
     seen_ranks = sorted({r for r, _ in parser.compile_ids if r is not None})
     multi = target.is_dir()
     compile_ids = [f"{r}:{cid}" if multi and r is not None else cid for r, cid in parser.compile_ids]
