@@ -123,8 +123,9 @@ def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
     """Read a CUDA allocator snapshot pickle into a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`.
 
     Args:
-        path: a file written by ``torch.cuda.memory._dump_snapshot()`` or a pickle of
-            ``torch.cuda.memory._snapshot()`` / ``torch.cuda.memory_snapshot()``.
+        path: a file written by ``torch.cuda.memory._dump_snapshot()``, a pickle of
+            ``torch.cuda.memory._snapshot()`` / ``torch.cuda.memory_snapshot()``, or a
+            folder written by ``MemorySnapshot.save``.
 
     Raises:
         SnapshotError: the file is missing, corrupt, truncated, not a snapshot, or tries
@@ -133,6 +134,8 @@ def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
     from nbtoolkit.model.snapshot import MemorySnapshot
 
     source = Path(path).expanduser()
+    if source.is_dir() and (source / "snapshot.json").is_file():
+        return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
     data = _read_bytes(source)
     if _looks_like_json(data):
         raise SnapshotError(

@@ -24,8 +24,10 @@ Frames:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._result import Result, escape, html_table
@@ -65,6 +67,8 @@ _OMIT_FILES = (
     "cpython/abstract.h",
 )
 _MAX_STACK_LINES = 40
+_FRAMES = ("segments", "blocks", "trace", "annotations")
+_SAVED_FORMAT = "nbtoolkit.MemorySnapshot"
 
 
 def memory_viz_size(num: float) -> str:
@@ -355,6 +359,60 @@ class MemorySnapshot(Result):
             allocator_settings=dict(snapshot.get("allocator_settings") or {}),
             source=source,
             legacy_segment_list=bool(snapshot.get("legacy_segment_list", False)),
+        )
+
+    # -- persistence -------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the snapshot to a folder: one Parquet file per frame plus ``snapshot.json``.
+
+        Plain data only (no pickle), so a saved snapshot is safe to share and to load.
+        """
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in _FRAMES:
+            getattr(self, name).to_parquet(folder / f"{name}.parquet", index=False)
+        meta = {
+            "format": _SAVED_FORMAT,
+            "version": 1,
+            "stacks": self.stacks,
+            "stack_hints": self.stack_hints,
+            "stack_sources": self.stack_sources,
+            "allocator_settings": self.allocator_settings,
+            "source": self.source,
+            "legacy_segment_list": self.legacy_segment_list,
+        }
+        (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> MemorySnapshot:
+        """Read a snapshot folder written by :meth:`save`."""
+        import pandas as pd
+
+        from nbtoolkit.errors import SnapshotError
+
+        folder = Path(path)
+        meta_path = folder / "snapshot.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SnapshotError(
+                f"{folder} is not a MemorySnapshot folder saved by nbtoolkit: {exc}"
+            ) from None
+        if meta.get("format") != _SAVED_FORMAT:
+            raise SnapshotError(f"{meta_path} was not written by MemorySnapshot.save")
+        try:
+            frames = {name: pd.read_parquet(folder / f"{name}.parquet") for name in _FRAMES}
+        except (OSError, ValueError) as exc:
+            raise SnapshotError(f"{folder}: a saved frame is missing or corrupt: {exc}") from None
+        return cls(
+            **frames,
+            stacks=list(meta.get("stacks", [])),
+            stack_hints=list(meta.get("stack_hints", [])),
+            stack_sources=list(meta.get("stack_sources", [])),
+            allocator_settings=dict(meta.get("allocator_settings", {})),
+            source=str(meta.get("source", "")),
+            legacy_segment_list=bool(meta.get("legacy_segment_list", False)),
         )
 
     # -- the allocator's view ----------------------------------------------------------

@@ -351,3 +351,15 @@ def test_load_memory_timeline_errors(tmp_path: Path) -> None:
         load_memory_timeline(wrong)
     with pytest.raises(SnapshotError, match="no memory timeline at"):
         load_memory_timeline(tmp_path / "nothing.json")
+
+
+def test_snapshot_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> None:
+    snap = load_memory_snapshot(fixtures_dir / "memory/kk_memory_files_memory_ctx128_fullstep.pickle")
+    folder = snap.save(tmp_path / "saved")
+    again = load_memory_snapshot(folder)
+    assert again.stats().lines() == snap.stats().lines()
+    assert again.timeline().category_peaks().equals(snap.timeline().category_peaks())
+    assert again.annotations.equals(snap.annotations)
+    (folder / "snapshot.json").write_text("{}")
+    with pytest.raises(SnapshotError, match=r"not written by MemorySnapshot\.save"):
+        load_memory_snapshot(folder)
