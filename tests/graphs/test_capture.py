@@ -278,6 +278,28 @@ def test_keyboard_interrupt_inside_the_function_restores_everything() -> None:
     assert torch_settings() == before
 
 
+@pytest.mark.parametrize(
+    ("interrupt_at", "phase"), [(1, "first call"), (2, "timed"), (4, "profiled"), (7, "eager baseline")]
+)
+def test_keyboard_interrupt_in_every_phase_restores_everything(interrupt_at: int, phase: str) -> None:
+    """steps=2 calls fn: 1 first call, 2-3 timed, 4-5 profiled, 6 eager warm-up, 7-8 eager timed."""
+    before = torch_settings()
+    calls: list[int] = []
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return compiled(x)
+
+    compiled = torch.compile(lambda t: torch.relu(t) * 2, backend="eager")
+    with pytest.raises(KeyboardInterrupt):
+        nbt.capture_graphs(step, torch.randn(3), steps=2)
+    assert len(calls) == interrupt_at, phase
+    assert torch_settings() == before  # includes the compiler stance set for the eager baseline
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
 def test_keyboard_interrupt_during_compile_restores_everything() -> None:
     before = torch_settings()
     compiled = torch.compile(lambda x: x.sin() + 1, backend=interrupting_backend)
