@@ -88,6 +88,11 @@ def memory_timeline(
     from torch.distributed._tools.mod_tracker import ModTracker
     from torch.profiler import ProfilerActivity
 
+    if torch.autograd.profiler._is_profiler_enabled:
+        raise CaptureError(
+            "another torch.profiler is already recording (only one can run at a time): "
+            "call memory_timeline outside `with torch.profiler.profile(...)` / %%nbt profile"
+        )
     target = torch.device(device) if device is not None else _model_device(model)
     use_cuda = target.type == "cuda" and torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])

@@ -201,3 +201,10 @@ def test_without_model_modules_are_named_by_modtracker() -> None:
     timeline = nbt.memory_timeline(lambda: net(x).sum().backward())
     modules = set(timeline.events["module"]) - {""}
     assert {"Sequential.0", "Sequential.2"} <= modules
+
+
+def test_refuses_to_nest_inside_another_profiler() -> None:
+    from nbtoolkit.errors import CaptureError
+
+    with torch.profiler.profile(), pytest.raises(CaptureError, match="already recording"):
+        nbt.memory_timeline(lambda: torch.ones(4))
