@@ -202,7 +202,7 @@ def _timeline_from_raw_export(rows: list[Any], source: Path) -> MemoryTimeline:
             "action": [_RAW_EXPORT_ACTIONS[a] for a in actions.tolist()],
             "delta_bytes": sizes,
             "category": np.asarray(_RAW_EXPORT_CATEGORIES, dtype=object)[categories],
-            "tensor": -1,
+            "tensor": _match_raw_identities(actions.tolist(), sizes.tolist(), categories.tolist()),
             "phase": phase,
         }
     )
@@ -213,11 +213,46 @@ def _timeline_from_raw_export(rows: list[Any], source: Path) -> MemoryTimeline:
         category_method="torch.profiler (export_memory_timeline raw)",
         notes=[
             (
-                "torch's raw export carries no tensor identity, module, stack or device: "
-                "alive_at_peak() lists allocations not yet matched by a free of the same row only"
+                "torch's raw export carries no tensor identity, module, stack or device: each free "
+                "is matched to the latest live allocation of the same size and category, so "
+                "alive_at_peak() is exact in bytes per category but may swap equal-sized tensors"
             )
         ],
     )
+
+
+def _match_raw_identities(actions: list[int], sizes: list[int], categories: list[int]) -> list[int]:
+    """Tensor ids for raw export rows: a negative row closes the latest open (bytes, category) row.
+
+    Positive rows (pre-existing, create, the second half of a recategorize) open an
+    allocation; negative rows (destroy, the first half of a recategorize) close the most
+    recent open allocation with the same size and category (last in, first out). A
+    recategorize's positive half continues the identity its negative half closed.
+    """
+    open_ids: dict[tuple[int, int], list[int]] = {}
+    ids: list[int] = []
+    next_id = 0
+    carried: int | None = None
+    for action, size, category in zip(actions, sizes, categories, strict=True):
+        if size < 0:
+            stack = open_ids.get((-size, category))
+            if stack:
+                tensor = stack.pop()
+            else:
+                tensor = next_id
+                next_id += 1
+            carried = tensor if action == 3 else None  # 3: INCREMENT_VERSION (a recategorize)
+            ids.append(tensor)
+        else:
+            if carried is not None and action == 3:  # the + half of a recategorize: same tensor
+                tensor = carried
+            else:
+                tensor = next_id
+                next_id += 1
+            carried = None
+            open_ids.setdefault((size, category), []).append(tensor)
+            ids.append(tensor)
+    return ids
 
 
 def load_memory_timeline(path: str | Path) -> MemoryTimeline:

@@ -254,6 +254,11 @@ def test_raw_memory_timeline_export(fixtures_dir: Path) -> None:
     distinct = len({t for t, *_ in rows if t >= 0})
     assert len(timeline.by_category()) == distinct
     assert timeline.peak_bytes == int(timeline.by_category(coalesce=False)["total"].max())
+    # Identities rebuilt by matching frees to allocations: every free closes something,
+    # and the allocations live at the peak add up to the peak.
+    net = timeline.events.groupby("tensor")["delta_bytes"].sum()
+    assert (net >= 0).all()
+    assert int(timeline.alive_at_peak(top=None)["bytes"].sum()) == timeline.peak_bytes
 
 
 def test_timeline_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> None:
