@@ -13,10 +13,14 @@ and the Trace notes say so.
 
 from __future__ import annotations
 
+import gc
 import gzip
+import math
 import re
 import zlib
-from operator import attrgetter
+from collections.abc import Iterator
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +42,13 @@ _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, frozen=True, gc=False):
     """The event ``args`` the analyses use; msgspec skips every other key without building it."""
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    correlation: int | None = None
-    stream: int | str | None = None
-    device: int | str | None = None
+    external_id: int = msgspec.field(default=-1, name="External id")
+    correlation: int = -1
+    stream: int | str = -1
+    device: int | str = -1
     name: str | None = None  # metadata events (process_name, thread_name)
     collective: str | None = msgspec.field(default=None, name="Collective name")
     in_msg_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
@@ -56,15 +60,18 @@ class _Args(msgspec.Struct):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
 
 
-class _Event(msgspec.Struct):
+_NO_ARGS = _Args()  # shared default: events without args cost no allocation
+
+
+class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str = ""
     pid: int | str = -1
     tid: int | str = -1
-    ts: float | None = None
-    dur: float | None = None
-    args: _Args | None = None
+    ts: float = math.nan  # NaN: missing
+    dur: float = math.nan
+    args: _Args = _NO_ARGS
 
 
 class _Document(msgspec.Struct):
@@ -77,6 +84,19 @@ class _Document(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Document | list[_Event])
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_META_DECODER = msgspec.json.Decoder(_Document)
+_CHUNK_BYTES = 4 << 20  # decompressed JSON decoded at a time: bounds the memory of the Python structs
+_COLLECTIVE_FIELDS = (
+    "collective",
+    "in_msg_nelems",
+    "out_msg_nelems",
+    "group_size",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+)
 
 
 def parse_profiler_step(name: str, *, source: str = "") -> int:
@@ -107,9 +127,21 @@ def load_trace(path: str | Path) -> Trace:
             trace formats, a ProfilerStep label is malformed, an event has a missing or
             negative duration, a number overflows int64, or a name is not valid UTF-8.
     """
+
+    # The loader allocates hundreds of thousands of small objects that form no cycles; the
+    # cyclic garbage collector would rescan them again and again (a third of the load time).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(Path(path).expanduser())
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _load(root: Path) -> Trace:
     from nbtoolkit.model.trace import Trace
 
-    root = Path(path).expanduser()
     if not root.exists():
         raise TraceError(f"{root}: no such file or folder; give a .json/.json.gz trace or a folder of them")
     notes: list[str] = []
@@ -225,45 +257,136 @@ def _decode(file: Path, data: bytes) -> _Document:
     return doc
 
 
-def _load_file(file: Path) -> tuple[RankInfo, pd.DataFrame, pd.DataFrame]:
-    doc = _decode(file, _read_bytes(file))
-    events = doc.traceEvents or []
-    del doc.traceEvents  # the structs live in `events` only, freed as soon as the columns exist
-    rank_info = _rank_info(file, doc)
-    complete, threads = _split_events(events)
-    del events
-    if not complete:
-        raise TraceError(
-            f"{file}: the trace has no events (no complete 'X' events); the profiler recorded nothing"
+class _Columns:
+    """Numpy columns accumulated chunk by chunk, names interned in one table for the whole file."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in _NUMERIC}
+        self.name_codes: list[np.ndarray] = []
+        self.cat_codes: list[np.ndarray] = []
+        self.names: dict[str, int] = {}
+        self.cats: dict[str, int] = {}
+        self.collectives: list[dict[str, Any]] = []
+        self.threads: dict[str, str] = {}
+        self.rows = 0
+
+    def add(self, events: list[_Event]) -> None:
+        import numpy as np
+
+        # compress/map keep these loops in C: this runs over every event of the file.
+        phases = list(map(_PH, events))
+        complete = list(compress(events, map(_IS_X, phases)))
+        metadata = list(compress(events, map(_IS_M, phases)))
+        for ev in compress(metadata, map(_THREAD_META.__contains__, map(_NAME, metadata))):
+            if ev.args.name:
+                key = f"{ev.pid}:{ev.tid}" if ev.name == "thread_name" else f"{ev.pid}"
+                self.threads[key] = ev.args.name
+        n = len(complete)
+        if not n:
+            return
+        file = self.file
+        self.parts["ts"].append(np.fromiter(map(_TS, complete), dtype=np.float64, count=n))
+        self.parts["dur"].append(np.fromiter(map(_DUR, complete), dtype=np.float64, count=n))
+        self.parts["pid"].append(_ints(file, "pid", list(map(_PID, complete))))
+        self.parts["tid"].append(_ints(file, "tid", list(map(_TID, complete))))
+        args = list(map(_ARGS, complete))
+        self.parts["stream"].append(_ints(file, "stream", list(map(_STREAM, args))))
+        self.parts["device"].append(_ints(file, "device", list(map(_DEVICE, args))))
+        self.parts["correlation"].append(_ints(file, "correlation", list(map(_CORRELATION, args))))
+        self.parts["external_id"].append(_ints(file, "External id", list(map(_EXTERNAL, args))))
+        self.name_codes.append(_intern(list(map(_NAME, complete)), self.names))
+        self.cat_codes.append(_intern(list(map(_CAT, complete)), self.cats))
+        with_collective = compress(range(n), map(is_not, map(_COLLECTIVE, args), repeat(None)))
+        for i in with_collective:
+            a = args[i]
+            row = {f: getattr(a, f) for f in _COLLECTIVE_FIELDS}
+            row["row"] = self.rows + i
+            if row["pg_ranks"] is not None:
+                row["pg_ranks"] = str(row["pg_ranks"])
+            self.collectives.append(row)
+        self.rows += n
+
+    def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The events frame (complete events, sorted by start) and the collectives frame."""
+        import numpy as np
+        import pandas as pd
+
+        from nbtoolkit.model.trace import empty_collectives
+
+        file = self.file
+        cols = {c: np.concatenate(p) for c, p in self.parts.items()}
+        names = _categorical(np.concatenate(self.name_codes), self.names)
+        cats = _categorical(np.concatenate(self.cat_codes), self.cats)
+        keep = cats.codes != cats.categories.get_loc("Trace") if "Trace" in self.cats else None
+        ts, dur = cols["ts"], cols["dur"]
+        bad = np.isnan(ts) | ~(dur >= 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            problem = (
+                "no timestamp"
+                if np.isnan(ts[i])
+                else ("no duration" if np.isnan(dur[i]) else f"negative duration {dur[i]}")
+            )
+            raise TraceError(
+                f"{file}: {int(bad.sum())} complete event(s) have a missing or negative duration or "
+                f"timestamp, e.g. {names[i]!r} at ts={ts[i]} ({problem}); the trace is corrupt"
+            )
+        if np.abs(ts).max() * 1e3 > _INT64_MAX or dur.max() * 1e3 > _INT64_MAX:
+            raise TraceError(
+                f"{file}: a timestamp or duration does not fit in int64 nanoseconds; the trace is corrupt"
+            )
+        frame = pd.DataFrame(
+            {
+                "ts": ts,
+                "dur": dur,
+                "name": names,
+                "cat": cats,
+                "pid": cols["pid"],
+                "tid": cols["tid"],
+                "stream": cols["stream"],
+                "device": cols["device"],
+                "correlation": cols["correlation"],
+                "external_id": cols["external_id"],
+            }
         )
-    rank_info.thread_names = threads
-    frame, coll = _columns(file, complete)
-    del complete
-    for label in frame["name"].cat.categories:
-        if str(label).startswith("ProfilerStep"):
-            parse_profiler_step(str(label), source=str(file))
-    rank_info.device_type = _device_type(rank_info, frame)
-    return rank_info, frame, coll
+        coll = (
+            pd.DataFrame(self.collectives, columns=list(empty_collectives().columns))
+            if self.collectives
+            else empty_collectives()
+        )
+        if keep is not None:  # the profiler's own "Trace" span is not an event of the program
+            new_index = np.cumsum(keep) - 1
+            frame = frame[keep]
+            coll = coll[keep[coll["row"].to_numpy()]].assign(row=lambda c: new_index[c["row"].to_numpy()])
+        order = np.argsort(frame["ts"].to_numpy(), kind="stable")
+        if (order[1:] < order[:-1]).any():
+            frame = frame.iloc[order]
+            position = np.empty(len(order), dtype=np.int64)
+            position[order] = np.arange(len(order))
+            coll = coll.assign(row=position[coll["row"].to_numpy()])
+        frame = frame.reset_index(drop=True)
+        if len(coll):
+            coll = coll.sort_values("row", ignore_index=True)
+            for column in ("in_msg_nelems", "out_msg_nelems", "group_size"):
+                coll[column] = pd.array(coll[column], dtype="Int64")
+        return frame, coll
 
 
-def _split_events(events: list[_Event]) -> tuple[list[_Event], dict[str, str]]:
-    complete: list[_Event] = []
-    threads: dict[str, str] = {}
-    append = complete.append
-    for ev in events:
-        ph = ev.ph
-        if ph == "X":
-            if ev.cat != "Trace":  # the profiler's own span, not an event of the program
-                append(ev)
-        elif (
-            ph == "M" and ev.name in ("thread_name", "process_name") and ev.args is not None and ev.args.name
-        ):
-            key = f"{ev.pid}:{ev.tid}" if ev.name == "thread_name" else f"{ev.pid}"
-            threads[key] = ev.args.name
-    return complete, threads
+_PH, _COLLECTIVE = attrgetter("ph"), attrgetter("collective")
+_IS_X, _IS_M = "X".__eq__, "M".__eq__
+_THREAD_META = frozenset(("thread_name", "process_name"))
+_NUMERIC = ("ts", "dur", "pid", "tid", "stream", "device", "correlation", "external_id")
+_TS, _DUR, _PID, _TID, _ARGS, _NAME, _CAT = (
+    attrgetter(a) for a in ("ts", "dur", "pid", "tid", "args", "name", "cat")
+)
+_STREAM, _DEVICE, _CORRELATION, _EXTERNAL = (
+    attrgetter(a) for a in ("stream", "device", "correlation", "external_id")
+)
 
 
-def _int_column(file: Path, what: str, values: list[Any]) -> np.ndarray:
+def _ints(file: Path, what: str, values: list[Any]) -> np.ndarray:
+    """An int64 column; non-numeric values (e.g. pid "Spans") become -1; overflow is an error."""
     import numpy as np
 
     try:
@@ -273,123 +396,194 @@ def _int_column(file: Path, what: str, values: list[Any]) -> np.ndarray:
         raise TraceError(
             f"{file}: {what} value {bad} does not fit in 64 bits; the trace is corrupt"
         ) from None
+    except (TypeError, ValueError):
+        return np.array([_as_int(v) for v in values], dtype=np.int64)
 
 
 def _as_int(value: Any) -> int:
-    if value is None:
-        return -1
-    if isinstance(value, int):
+    if isinstance(value, int) and -_INT64_MAX - 1 <= value <= _INT64_MAX:
         return value
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         return -1
+    return number if -_INT64_MAX - 1 <= number <= _INT64_MAX else -1
 
 
-def _columns(file: Path, complete: list[_Event]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _intern(values: list[str], table: dict[str, int]) -> np.ndarray:
+    """Codes of ``values`` in ``table`` (extended with new strings)."""
     import numpy as np
     import pandas as pd
 
-    from nbtoolkit.model.trace import empty_collectives
-
-    n = len(complete)
-    ts = np.fromiter(map(attrgetter("ts"), complete), dtype=np.float64, count=n)  # None -> nan
-    dur = np.fromiter(map(attrgetter("dur"), complete), dtype=np.float64, count=n)
-    bad_dur = ~(dur >= 0)  # missing (nan) or negative
-    if bad_dur.any() or np.isnan(ts).any():
-        i = int(np.flatnonzero(bad_dur | np.isnan(ts))[0])
-        ev = complete[i]
-        problem = (
-            "no timestamp"
-            if np.isnan(ts[i])
-            else ("no duration" if np.isnan(dur[i]) else f"negative duration {dur[i]}")
-        )
-        raise TraceError(
-            f"{file}: {int(bad_dur.sum() + np.isnan(ts).sum())} complete event(s) have a missing or negative "
-            f"duration/timestamp, e.g. {ev.name!r} at ts={ev.ts} ({problem}); the trace is corrupt"
-        )
-    if np.abs(ts).max() * 1e3 > _INT64_MAX or dur.max() * 1e3 > _INT64_MAX:
-        raise TraceError(
-            f"{file}: a timestamp or duration does not fit in int64 nanoseconds; the trace is corrupt"
-        )
-
-    pids = [e.pid for e in complete]
-    tids = [e.tid for e in complete]
-    pid = _int_column(file, "pid", [p if isinstance(p, int) else _as_int(p) for p in pids])
-    tid = _int_column(file, "tid", [t if isinstance(t, int) else _as_int(t) for t in tids])
-
-    stream = np.full(n, -1, dtype=np.int64)
-    device = np.full(n, -1, dtype=np.int64)
-    correlation = np.full(n, -1, dtype=np.int64)
-    external = np.full(n, -1, dtype=np.int64)
-    coll_rows: list[int] = []
-    with_args = [(i, e.args) for i, e in enumerate(complete) if e.args is not None]
-    if with_args:
-        idx = np.fromiter((i for i, _ in with_args), dtype=np.int64, count=len(with_args))
-        args = [a for _, a in with_args]
-        streams = [a.stream for a in args]
-        stream[idx] = _int_column(file, "stream", [s if isinstance(s, int) else _as_int(s) for s in streams])
-        device[idx] = _int_column(
-            file, "device", [d if isinstance(d, int) else _as_int(d) for d in (a.device for a in args)]
-        )
-        correlation[idx] = _int_column(
-            file, "correlation", [-1 if c is None else c for c in (a.correlation for a in args)]
-        )
-        external[idx] = _int_column(
-            file, "External id", [-1 if c is None else c for c in (a.external_id for a in args)]
-        )
-        coll_rows = [i for i, a in with_args if a.collective is not None]
-
-    names = pd.Categorical([e.name for e in complete])
-    cats = pd.Categorical([e.cat for e in complete])
-    frame = pd.DataFrame(
-        {
-            "ts": ts,
-            "dur": dur,
-            "name": names,
-            "cat": cats,
-            "pid": pid,
-            "tid": tid,
-            "stream": stream,
-            "device": device,
-            "correlation": correlation,
-            "external_id": external,
-        }
+    codes, uniques = pd.factorize(np.array(values, dtype=object))
+    mapping = np.fromiter(
+        (table.setdefault(u, len(table)) for u in uniques), dtype=np.int64, count=len(uniques)
     )
-    order = np.argsort(ts, kind="stable")
-    if not (order == np.arange(n)).all():
-        frame = frame.iloc[order].reset_index(drop=True)
-        position = np.empty(n, dtype=np.int64)
-        position[order] = np.arange(n)
-    else:
-        position = None
+    return mapping[codes] if len(codes) else np.empty(0, dtype=np.int64)
 
-    if coll_rows:
-        rows = []
-        for i in coll_rows:
-            a = complete[i].args
-            assert a is not None
-            rows.append(
-                {
-                    "row": int(position[i]) if position is not None else i,
-                    "collective": a.collective,
-                    "in_msg_nelems": a.in_msg_nelems,
-                    "out_msg_nelems": a.out_msg_nelems,
-                    "group_size": a.group_size,
-                    "dtype": a.dtype,
-                    "pg_name": a.pg_name,
-                    "pg_desc": a.pg_desc,
-                    "pg_ranks": None if a.pg_ranks is None else str(a.pg_ranks),
-                }
-            )
-        coll = pd.DataFrame(rows, columns=list(empty_collectives().columns)).sort_values(
-            "row", ignore_index=True
-        )
-        for column in ("in_msg_nelems", "out_msg_nelems", "group_size"):
-            coll[column] = pd.array(coll[column], dtype="Int64")
+
+def _categorical(codes: np.ndarray, table: dict[str, int]) -> pd.Categorical:
+    """A categorical with sorted categories (deterministic, whatever the chunking)."""
+    import numpy as np
+    import pandas as pd
+
+    labels = np.array(list(table), dtype=object)
+    order = np.argsort(labels, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return pd.Categorical.from_codes(rank[codes] if len(codes) else codes, categories=labels[order])
+
+
+class _Fallback(Exception):
+    """The streaming reader cannot handle this file; decode it whole (exact error messages)."""
+
+
+def _pieces(file: Path) -> Iterator[bytes]:
+    """The decompressed bytes of the file, a few MB at a time."""
+    try:
+        fh = file.open("rb")
+    except OSError as exc:
+        raise TraceError(f"{file}: cannot read the file ({exc.strerror or exc})") from None
+    with fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+        if not gzipped:
+            if file.name.endswith(".gz"):
+                raise _Fallback
+            while data := fh.read(_CHUNK_BYTES):
+                yield data
+            return
+        inflater = zlib.decompressobj(wbits=31)
+        while data := fh.read(1 << 20):
+            try:
+                out = inflater.decompress(data, _CHUNK_BYTES)
+                while True:
+                    yield out
+                    if not inflater.unconsumed_tail:
+                        break
+                    out = inflater.decompress(inflater.unconsumed_tail, _CHUNK_BYTES)
+            except zlib.error:
+                raise _Fallback from None
+        if not inflater.eof or inflater.unused_data:  # truncated, or several gzip members
+            raise _Fallback
+
+
+_WS = b" \t\r\n"
+
+
+def _event_split(buf: bytes | bytearray) -> int:
+    """Index of a ``{`` that starts an event at top level of the events array (``},{``), or -1."""
+    pos = len(buf)
+    while True:
+        pos = buf.rfind(b"{", 0, pos)
+        if pos <= 0:
+            return -1
+        j = pos - 1
+        while j >= 0 and buf[j] in _WS:
+            j -= 1
+        if j > 0 and buf[j] == 0x2C:  # ","
+            j -= 1
+            while j >= 0 and buf[j] in _WS:
+                j -= 1
+            if j >= 0 and buf[j] == 0x7D:  # "}"
+                return pos
+
+
+def _stream_file(file: Path, columns: _Columns) -> _Document:
+    """Decode the events chunk by chunk into ``columns``; return the document's other fields.
+
+    Any surprise (no ``traceEvents`` key, a chunk that is not a list of events, a truncated
+    stream) raises _Fallback, and the file is decoded whole, which names the exact problem.
+    """
+    pieces = _pieces(file)
+    buf = b""
+    header = b""
+    for piece in pieces:
+        buf += piece
+        key = buf.find(b'"traceEvents"')
+        if key < 0:
+            if len(buf) > 64 * _CHUNK_BYTES:
+                raise _Fallback
+            continue
+        j = key + len(b'"traceEvents"')
+        while j < len(buf) and buf[j] in _WS:
+            j += 1
+        if j < len(buf) and buf[j] == 0x3A:  # ":"
+            j += 1
+            while j < len(buf) and buf[j] in _WS:
+                j += 1
+        if j >= len(buf) - 1:
+            continue  # need more bytes to see the "["
+        if buf[j] != 0x5B:  # "["
+            raise _Fallback
+        header, buf = buf[:key], buf[j:]  # buf starts with the array's "["
+        break
     else:
-        coll = empty_collectives()
-    return frame, coll
+        raise _Fallback
+    # A bytearray so that chunks are decoded in place: the "," after a chunk's last event is
+    # turned into "]" for the decode, then into the next chunk's "[" (no copies of the JSON).
+    data = bytearray(buf)
+    del buf
+    try:
+        for piece in pieces:
+            data += piece
+            if len(data) < _CHUNK_BYTES:
+                continue
+            split = _event_split(data)
+            if split < 0:
+                continue
+            close = data.rindex(b",", 0, split)
+            data[close] = 0x5D  # "]"
+            with memoryview(data) as view, view[: close + 1] as chunk:
+                columns.add(_EVENTS_DECODER.decode(chunk))
+            data[close] = 0x5B  # "["
+            del data[:close]
+        # The rest: the last events, "]" and the document's trailing fields. The array's "]" is
+        # found from the right (the trailer is short): the first candidate whose trailer decodes.
+        end = len(data)
+        while True:
+            end = data.rfind(b"]", 0, end)
+            if end < 0:
+                raise _Fallback
+            j = end - 1
+            while j >= 0 and data[j] in _WS:
+                j -= 1
+            if j > 0 and data[j] != 0x7D:  # "}": the array ends after an event (or is empty)
+                continue
+            try:
+                doc = _META_DECODER.decode(header + b'"traceEvents": []' + bytes(data[end + 1 :]))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            with memoryview(data) as view, view[: end + 1] as chunk:
+                columns.add(_EVENTS_DECODER.decode(chunk))
+            return doc
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        raise _Fallback from None
+
+
+def _load_file(file: Path) -> tuple[RankInfo, pd.DataFrame, pd.DataFrame]:
+    columns = _Columns(file)
+    try:
+        doc = _stream_file(file, columns)
+    except _Fallback:
+        columns = _Columns(file)
+        doc = _decode(file, _read_bytes(file))
+        events = doc.traceEvents or []
+        doc.traceEvents = None
+        columns.add(events)
+        del events
+    rank_info = _rank_info(file, doc)
+    if not columns.rows:
+        raise TraceError(
+            f"{file}: the trace has no events (no complete 'X' events); the profiler recorded nothing"
+        )
+    rank_info.thread_names = columns.threads
+    frame, coll = columns.frame()
+    for label in frame["name"].cat.categories:
+        if str(label).startswith("ProfilerStep"):
+            parse_profiler_step(str(label), source=str(file))
+    rank_info.device_type = _device_type(rank_info, frame)
+    return rank_info, frame, coll
 
 
 # --------------------------------------------------------------------------- metadata
