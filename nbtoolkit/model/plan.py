@@ -46,7 +46,7 @@ class RecomputePlan(Result):
         baseline_step_time_s: the measured median step time without checkpointing.
         candidates: one row per candidate block: ``block``, ``module`` (class),
             ``saved_bytes`` (measured drop in live bytes when only that block is checkpointed),
-            ``recompute_time_s`` (its measured forward time), ``chosen``.
+            ``recompute_time_s`` (its fastest measured forward time), ``chosen``.
         tradeoff: the exact memory-vs-time Pareto front: ``predicted_peak_bytes``,
             ``predicted_overhead_s``, ``n_blocks``, ``blocks`` (comma-separated), from no
             checkpointing down to the lowest reachable peak.

@@ -37,6 +37,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,17 +159,25 @@ def profile_memory_series(
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    with profile(
+    prof = profile(
         activities=activities,
         profile_memory=True,
         record_shapes=categories,
         with_stack=categories,
-    ) as prof:
+    )
+    with _native_stderr_silenced():
+        prof.start()
+    try:
         value = run_step(step)
         _synchronize()
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
     series = MemorySeries(value=value)
     events = []
-    for node in _walk(prof.profiler.kineto_results.experimental_event_tree()):
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    assert results is not None, "torch.profiler produced no results after stop()"
+    for node in _walk(results.experimental_event_tree()):
         if node.tag == _EventType.Allocation:
             fields = node.extra_fields
             events.append((node.start_time_ns, int(fields.alloc_size), int(fields.ptr)))
@@ -198,6 +207,33 @@ def profile_memory_series(
     if categories:
         by_category, resident = _peak_by_category(prof)
     return series, by_category, resident
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null while the profiler starts or stops, never around user code.
+
+    Kineto prints ``USDT: <timestamp> ... profiler_start`` lines straight to the process's
+    stderr; in a notebook they would show under the cell with a new timestamp every run.
+    """
+    import os
+    import sys
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _peak_by_category(prof: Any) -> tuple[dict[str, int], int]:
