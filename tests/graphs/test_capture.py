@@ -192,6 +192,30 @@ def test_costly_break_ranks_first() -> None:
     assert summary["eager_us_per_step"].iloc[0] > 5 * summary["eager_us_per_step"].iloc[1]
 
 
+@pytest.fixture(scope="module")
+def inductor_captured() -> tuple[GraphReport, Any]:
+    # module scope: set up before the per-test logging snapshot, because compiling outside
+    # capture_graphs (explain) lets torch's idle LazyTraceHandler remove itself under pytest
+    torch._dynamo.reset()
+    x = torch.randn(128, 128)
+    report = nbt.capture_graphs(torch.compile(step_with_a_costly_break), x, steps=2, eager_baseline=False)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step_with_a_costly_break)(x)
+    torch._dynamo.reset()
+    return report, explained
+
+
+@pytest.mark.slow
+def test_costs_with_inductor_use_its_graph_call_marker(inductor_captured: tuple[GraphReport, Any]) -> None:
+    """Inductor graphs run inside `## Call CompiledFxGraph ##` ranges: the graph's end is exact."""
+    report, explained = inductor_captured
+    assert len(report.graphs) == explained.graph_count == 3
+    assert len(report.breaks) == explained.graph_break_count == 2
+    summary = report.break_summary()
+    assert summary["category"].tolist() == ["disabled", "print"]
+    assert summary["eager_us_per_step"].iloc[0] > 5 * summary["eager_us_per_step"].iloc[1] > 0
+
+
 def test_recompile_records_the_failed_guard() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * 2
