@@ -26,6 +26,7 @@ __all__ = [
     "CATEGORY_COLORS",
     "alive_at_peak_html",
     "comparison_figure",
+    "module_figure",
     "segment_figure",
     "timeline_figure",
 ]
@@ -218,6 +219,53 @@ def timeline_figure(
         hovermode="x unified",
         height=560 if show_modules else 420,
         legend={"traceorder": "normal"},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
+    )
+    return figure
+
+
+def module_figure(
+    timeline: MemoryTimeline, *, top: int = 20, include_unattributed: bool = False
+) -> go.Figure:
+    """Bytes alive at the peak per module (layer), stacked by category: which layer holds the peak.
+
+    The ``top`` modules with the most bytes at the peak are drawn, largest on top. Memory
+    made outside any module (``(no module)``: the loss, optimizer temporaries...) is left
+    out unless ``include_unattributed``.
+    """
+    import plotly.graph_objects as go
+
+    from nbtoolkit.model.memory import CATEGORIES, format_bytes
+
+    table = timeline.by_module()
+    if not include_unattributed:
+        table = table[table["module"] != "(no module)"]
+    table = table.head(top).iloc[::-1]
+    divisor, unit = _scale(float(table["at_peak_bytes"].max()) if len(table) else 0.0)
+    figure = go.Figure()
+    for category in CATEGORIES:
+        column = f"{category}_at_peak_bytes"
+        if column not in table or not (table[column] > 0).any():
+            continue
+        figure.add_trace(
+            go.Bar(
+                y=table["module"],
+                x=table[column] / divisor,
+                name=category,
+                orientation="h",
+                marker={"color": CATEGORY_COLORS[category]},
+                hovertemplate=f"%{{y}}<br>{category}: %{{x:.2f}} {unit}<extra></extra>",
+            )
+        )
+    figure.update_layout(
+        barmode="stack",
+        template="plotly_white",
+        title={
+            "text": f"Alive at the peak ({format_bytes(timeline.peak_bytes)}) by module",
+            "font": {"size": 14},
+        },
+        xaxis_title=f"bytes at the peak ({unit})",
+        height=min(900, 160 + 24 * len(table)),
         margin={"l": 60, "r": 20, "t": 50, "b": 40},
     )
     return figure

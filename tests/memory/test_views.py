@@ -13,7 +13,13 @@ from IPython.core.interactiveshell import InteractiveShell
 import nbtoolkit as nbt
 from nbtoolkit.analysis import memory as analysis
 from nbtoolkit.model.memory import MemoryTimeline, normalize_events
-from nbtoolkit.views.memory import alive_at_peak_html, comparison_figure, segment_figure, timeline_figure
+from nbtoolkit.views.memory import (
+    alive_at_peak_html,
+    comparison_figure,
+    module_figure,
+    segment_figure,
+    timeline_figure,
+)
 
 
 def _events(rows: list[tuple]) -> pd.DataFrame:
@@ -109,6 +115,9 @@ def test_figures_and_escaping(fixtures_dir: Path) -> None:
     names = {t.name for t in figure.data}
     assert {"parameter", "activation", "gradient"} <= names
     assert "<b>" not in figure.layout.title.text
+    bars = {t.name: dict(zip(t.y, t.x, strict=True)) for t in module_figure(timeline).data}
+    assert bars["parameter"]["<script>alert(1)</script>"] == 100  # bytes axis: plain B at this size
+    assert bars["gradient"]["<script>alert(1)</script>"] == 100
 
     snapshot = nbt.load_memory_snapshot(fixtures_dir / "memory/kk_memory_files_memory_ctx128_fullstep.pickle")
     segments = segment_figure(snapshot)
@@ -156,7 +165,8 @@ def test_memory_cell_magic(shell: InteractiveShell) -> None:
     # Adam allocates its state in step(): the optimizer phase has allocations to show.
     shell.run_cell("import torch\nnet = torch.nn.Linear(8, 4)\nopt = torch.optim.Adam(net.parameters())")
     result = shell.run_cell_magic(
-        "nbt", "memory --steps 2 --model net --optimizer opt --name mem --no-figure",
+        "nbt",
+        "memory --steps 2 --model net --optimizer opt --name mem --no-figure",
         "loss = net(torch.randn(16, 8)).sum()\nloss.backward()\nopt.step()\nloss.item()",
     )
     assert isinstance(result, nbt.MemoryTimeline)
@@ -171,3 +181,12 @@ def test_snapshot_line_magic(shell: InteractiveShell, fixtures_dir: Path) -> Non
     assert isinstance(result, nbt.MemorySnapshot)
     assert shell.user_ns["_nbt"] is result
     assert result.stats().lines()[0] == "segments: 7"
+
+
+def test_report_embeds_memory_figures(tmp_path: Path, fixtures_dir: Path) -> None:
+    snapshot = nbt.load_memory_snapshot(fixtures_dir / "memory/shrey_profile_grad.pkl")
+    path = tmp_path / "memory.html"
+    nbt.report(snapshot, snapshot.timeline(), path=path)
+    text = path.read_text()
+    assert "total_reserved" in text or "reserved" in text
+    assert text.count("plotly-graph-div") >= 3  # segments + the snapshot's timeline + the timeline
