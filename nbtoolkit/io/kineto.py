@@ -16,13 +16,15 @@ from __future__ import annotations
 import gc
 import gzip
 import math
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 
@@ -439,20 +441,33 @@ class _Fallback(Exception):
 
 
 def _pieces(file: Path) -> Iterator[bytes]:
-    """The decompressed bytes of the file, a few MB at a time."""
+    """The decompressed bytes of the file, a few MB at a time.
+
+    A gzip file is read and inflated in a background thread (file reads and zlib release
+    the GIL), so decompression overlaps the decoding of the previous piece.
+    """
     try:
         fh = file.open("rb")
     except OSError as exc:
         raise TraceError(f"{file}: cannot read the file ({exc.strerror or exc})") from None
+    gzipped = fh.read(2) == b"\x1f\x8b"
+    fh.seek(0)
+    if gzipped:
+        return _in_background(_inflate(fh))
+    if file.name.endswith(".gz"):
+        fh.close()
+        raise _Fallback
+    return _read(fh)
+
+
+def _read(fh: BinaryIO) -> Iterator[bytes]:
     with fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"
-        fh.seek(0)
-        if not gzipped:
-            if file.name.endswith(".gz"):
-                raise _Fallback
-            while data := fh.read(_CHUNK_BYTES):
-                yield data
-            return
+        while data := fh.read(_CHUNK_BYTES):
+            yield data
+
+
+def _inflate(fh: BinaryIO) -> Iterator[bytes]:
+    with fh:
         inflater = zlib.decompressobj(wbits=31)
         while data := fh.read(1 << 20):
             try:
@@ -466,6 +481,55 @@ def _pieces(file: Path) -> Iterator[bytes]:
                 raise _Fallback from None
         if not inflater.eof or inflater.unused_data:  # truncated, or several gzip members
             raise _Fallback
+
+
+_DONE = object()
+
+
+def _in_background(source: Iterator[bytes]) -> Iterator[bytes]:
+    """Run ``source`` in a thread, a few items ahead of the consumer; its exceptions are re-raised here."""
+    items: queue.Queue[object] = queue.Queue(maxsize=3)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for piece in source:
+                if not put(piece):
+                    return
+            put(_DONE)
+        except BaseException as exc:
+            put(exc)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def consume() -> Iterator[bytes]:
+        thread = threading.Thread(target=produce, name="nbt-trace-inflate", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, bytes)
+                yield item
+        finally:
+            stop.set()
+            thread.join()
+
+    return consume()
 
 
 _WS = b" \t\r\n"

@@ -117,3 +117,35 @@ def test_html_escapes_trace_text(tmp_path):
     html = nbt.load_trace(path)._repr_html_()
     assert "<script>" not in html
     assert "&lt;script&gt;" in html
+
+
+@pytest.mark.parametrize(
+    "folder", ["hta_nccl_parser_config", "param_dlrm_8rank", "hta_critical_path_alexnet"]
+)
+def test_chunked_streaming_equals_whole_document_decoding(traces_dir, monkeypatch, folder):
+    from nbtoolkit.io import kineto
+
+    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 64 * 1024)  # many chunks, splits inside every file
+    streamed = nbt.load_trace(traces_dir / folder)
+
+    def no_streaming(file, columns):
+        raise kineto._Fallback
+
+    monkeypatch.setattr(kineto, "_stream_file", no_streaming)
+    whole = nbt.load_trace(traces_dir / folder)
+    assert streamed.ranks == whole.ranks
+    for rank in whole.ranks:
+        pd.testing.assert_frame_equal(streamed.events[rank], whole.events[rank])
+        pd.testing.assert_frame_equal(streamed.collectives[rank], whole.collectives[rank])
+        assert streamed.info[rank] == whole.info[rank]
+
+
+def test_loading_restores_the_garbage_collector(traces_dir):
+    import gc
+
+    assert gc.isenabled()
+    nbt.load_trace(traces_dir / "hta_cpu_only")
+    assert gc.isenabled()
+    with pytest.raises(nbt.TraceError):
+        nbt.load_trace(traces_dir / "no-such-folder")
+    assert gc.isenabled()
