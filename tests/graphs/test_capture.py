@@ -365,3 +365,77 @@ def test_live_report_saves_and_loads(captured: tuple[GraphReport, Any], tmp_path
     assert again.step_time_s == report.step_time_s
     assert again.breaks["eager_us_per_step"].tolist() == report.breaks["eager_us_per_step"].tolist()
     assert repr(again) == repr(report)
+
+
+LIVE_VS_LOG_MODULE = """
+import torch
+
+
+def f(x):
+    x = x.sin()
+    print("break one")
+    y = x.sum().item()
+    return x.cos() * y
+
+
+def run():
+    torch.manual_seed(0)  # .item() becomes a constant of the next graph: same value in both runs
+    compiled = torch.compile(f, backend="eager", dynamic=False)
+    compiled(torch.randn(4))
+    compiled(torch.randn(5))  # a recompile: size 4 -> 5
+"""
+
+
+def test_live_capture_and_torch_trace_log_give_the_same_report(tmp_path: Any) -> None:
+    """One parser for both: the same code captured live and written by TORCH_TRACE in a subprocess."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    module_path = tmp_path / "live_vs_log.py"
+    module_path.write_text(LIVE_VS_LOG_MODULE)
+    log_dir = tmp_path / "trace"
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('live_vs_log', {str(module_path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.run()\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TORCH_TRACE": str(log_dir)},
+        check=True,
+        capture_output=True,
+    )
+    from_log = nbt.load_compile_log(log_dir)
+
+    spec = importlib.util.spec_from_file_location("live_vs_log", module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    live = nbt.capture_graphs(module.run, steps=0)
+
+    def ids(report: GraphReport) -> list[str]:
+        return [c.split(":")[-1] for c in report.compile_ids if not c.endswith("-/-")]
+
+    assert ids(live) == ids(from_log)
+    columns = {
+        "graphs": ["compile_id", "function", "file", "line", "op_count", "fx_code"],
+        "breaks": [
+            "compile_id",
+            "gb_type",
+            "gb_id",
+            "user_file",
+            "user_line",
+            "user_function",
+            "source_line",
+        ],
+        "recompiles": ["compile_id", "previous_compile_id", "failed_guard"],
+        "failures": ["compile_id", "failure_type", "description"],
+    }
+    for name, cols in columns.items():
+        a = getattr(live, name)[cols].reset_index(drop=True)
+        b = getattr(from_log, name)[cols].reset_index(drop=True)
+        for col in cols:
+            assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), f"{name}.{col} differ"
+    assert len(live.graphs) == 6 and len(live.breaks) == 4 and len(live.recompiles) == 3
