@@ -190,3 +190,14 @@ def test_report_embeds_memory_figures(tmp_path: Path, fixtures_dir: Path) -> Non
     text = path.read_text()
     assert "total_reserved" in text or "reserved" in text
     assert text.count("plotly-graph-div") >= 3  # segments + the snapshot's timeline + the timeline
+
+
+def test_magic_errors_are_clear(shell: InteractiveShell, tmp_path: Path) -> None:
+    from nbtoolkit.errors import NbtUsageError, SnapshotError
+
+    with pytest.raises(NbtUsageError, match="no model named 'missing_model'"):
+        shell.run_cell_magic("nbt", "memory --model missing_model", "1 + 1")
+    with pytest.raises(NbtUsageError, match="steps must be a positive integer, got 0"):
+        shell.run_cell_magic("nbt", "memory --steps 0", "1 + 1")
+    with pytest.raises(SnapshotError, match="no memory snapshot at"):
+        shell.run_line_magic("nbt", f"snapshot {tmp_path / 'missing.pickle'}")
