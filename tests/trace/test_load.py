@@ -149,3 +149,27 @@ def test_loading_restores_the_garbage_collector(traces_dir):
     with pytest.raises(nbt.TraceError):
         nbt.load_trace(traces_dir / "no-such-folder")
     assert gc.isenabled()
+
+
+def test_unknown_event_phase_is_read_by_the_permissive_decoder(tmp_path):
+    import json
+
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
+        {"ph": "Z", "name": "from a newer profiler", "pid": 1, "tid": 1, "ts": 1},
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    trace = nbt.load_trace(path)
+    assert list(trace.events[0]["name"]) == ["aten::mm"]
+
+
+def test_real_traces_take_the_streaming_path(traces_dir, monkeypatch):
+    from nbtoolkit.io import kineto
+
+    def must_not_fall_back(file):
+        raise AssertionError(f"{file} fell back to whole-document decoding")
+
+    monkeypatch.setattr(kineto, "_read_bytes", must_not_fall_back)
+    for folder in ["hta_mtia_inference_trace", "tracelens_b200_r0", "param_dlrm_8rank", "hta_cpu_only"]:
+        assert nbt.load_trace(traces_dir / folder).ranks
