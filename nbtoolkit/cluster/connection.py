@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 _PROBE_TIMEOUT_S = 5.0
+_START_ATTEMPTS = 2
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 # One token per notebook process for the clusters it starts: Ray's C++ side caches the token,
@@ -185,21 +186,52 @@ def attach_local(*, num_cpus: int, num_gpus: int | None, object_store_bytes: int
     if _local_token is None:
         _local_token = secrets.token_urlsafe(32)
     saved = _set_token_env(_local_token)
-    try:
-        info = ray.init(
-            address="local",  # never join the address in a (possibly stale) ray_current_cluster file
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            log_to_driver=False,  # rank output reaches the notebook through nbtoolkit, prefixed
-            object_store_memory=object_store_bytes,
-            configure_logging=False,
-        )
-    except Exception as exc:
-        _restore_env(saved)
-        raise ClusterError(f"could not start a local Ray cluster: {type(exc).__name__}: {exc}") from exc
+    for attempt in range(_START_ATTEMPTS):
+        try:
+            info = ray.init(
+                address="local",  # never join the address in a (possibly stale) ray_current_cluster file
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                log_to_driver=False,  # rank output reaches the notebook through nbtoolkit, prefixed
+                object_store_memory=object_store_bytes,
+                configure_logging=False,
+            )
+            break
+        except Exception as exc:
+            # Ray gives its raylet a fixed 30 s to register; on an overloaded machine that can
+            # pass. Clean up what the failed start left behind, then try once more.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            _kill_own_ray_children()
+            overloaded = "timed out during startup" in str(exc)
+            if not overloaded or attempt == _START_ATTEMPTS - 1:
+                _restore_env(saved)
+                raise ClusterError(
+                    f"could not start a local Ray cluster: {type(exc).__name__}: {exc}"
+                    + (" (the machine is overloaded: try again when it is quieter)" if overloaded else "")
+                ) from exc
     address = info.address_info["gcs_address"]  # type: ignore[attr-defined]  # ray.init gives a RayContext
     return Attachment(address=address, token=_local_token, started_here=True, saved_env=saved)
+
+
+def _kill_own_ray_children() -> None:
+    """Kill Ray server processes that this process started (its direct children) and left running."""
+    import signal
+
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            parent = stat.rsplit(")", 1)[1].split()[1]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if parent == me and ("gcs_server" in command or "raylet" in command or "ray/_private" in command):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def connect(address: str, token: str | None) -> Attachment:
