@@ -205,6 +205,8 @@ class MemoryTimeline(Result):
     value: Any = field(default=None, compare=False)
     #: on CUDA, the allocator history recorded alongside (a MemorySnapshot; not saved)
     allocator_snapshot: Any = field(default=None, compare=False)
+    #: for allocator snapshots: bytes reserved from CUDA over time (time_us, reserved_bytes; not saved)
+    reserved: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)

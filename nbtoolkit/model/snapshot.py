@@ -478,6 +478,43 @@ class MemorySnapshot(Result):
         """Trace entries of out-of-memory events (``size`` requested, ``device_free`` bytes free in CUDA)."""
         return self.trace[self.trace["action"] == "oom"].reset_index(drop=True)
 
+    def reserved_series(self, device: int | None = None) -> pd.DataFrame:
+        """Bytes reserved from CUDA over the trace of one device: ``time_us``, ``reserved_bytes``.
+
+        Replayed backwards from the segments in the snapshot: reserved at the start =
+        reserved at the end - ``segment_alloc`` sizes + ``segment_free``/``segment_unmap``
+        sizes in the trace (+ ``segment_map``); then forwards event by event. ``time_us``
+        uses the same origin as :meth:`timeline` (0 = first trace entry; the entry index
+        for snapshots without ``time_us``). Compare it with the timeline's allocated
+        bytes to see how much the caching allocator holds back.
+        """
+        import numpy as np
+        import pandas as pd
+
+        if device is None:
+            device = _default_device(self)
+        trace = self.trace[self.trace["device"] == device]
+        change = np.zeros(len(trace), dtype="int64")
+        actions = trace["action"].to_numpy()
+        sizes = trace["size"].to_numpy(dtype="int64")
+        grow = np.isin(actions, ["segment_alloc", "segment_map"])
+        shrink = np.isin(actions, ["segment_free", "segment_unmap"])
+        change[grow] = sizes[grow]
+        change[shrink] = -sizes[shrink]
+        final = int(self.segments.loc[self.segments["device"] == device, "total_size"].sum())
+        start = final - int(change.sum())
+        has_time = bool(len(trace)) and not trace["time_us"].isna().any()
+        times = (
+            trace["time_us"].to_numpy(dtype="float64") if has_time else np.arange(len(trace), dtype="float64")
+        )
+        origin = float(times.min()) if len(times) else 0.0
+        return pd.DataFrame(
+            {
+                "time_us": np.r_[0.0, times - origin],
+                "reserved_bytes": np.r_[start, start + np.cumsum(change)],
+            }
+        )
+
     def devices(self) -> list[int]:
         """Devices with segments or trace entries, sorted."""
         found = set(self.segments["device"].tolist()) | set(self.trace["device"].tolist())
@@ -494,13 +531,7 @@ class MemorySnapshot(Result):
         from nbtoolkit.model.memory import MemoryTimeline
 
         if device is None:
-            counts = self.trace["device"].value_counts()
-            if len(counts):
-                device = int(counts.idxmax())
-            elif len(self.segments):
-                device = int(self.segments["device"].value_counts().idxmax())
-            else:
-                device = 0
+            device = _default_device(self)
         events, notes = _snapshot_events(self, device)
         return MemoryTimeline(
             events=events,
@@ -509,6 +540,7 @@ class MemorySnapshot(Result):
             source=self.source,
             notes=notes,
             category_method="heuristic (allocator stacks and annotations)",
+            reserved=self.reserved_series(device),
         )
 
     def figure(self, **options: Any) -> Any:
@@ -560,6 +592,16 @@ class MemorySnapshot(Result):
             f"<div class='nbt-snapshot'><b>MemorySnapshot</b> {escape(self.source)}"
             f"{html_table(summary)}</div>"
         )
+
+
+def _default_device(snapshot: MemorySnapshot) -> int:
+    """The device with the most trace entries, else the one with the most segments, else 0."""
+    counts = snapshot.trace["device"].value_counts()
+    if len(counts):
+        return int(counts.idxmax())
+    if len(snapshot.segments):
+        return int(snapshot.segments["device"].value_counts().idxmax())
+    return 0
 
 
 def _snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFrame, list[str]]:

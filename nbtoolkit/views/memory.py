@@ -95,7 +95,14 @@ def timeline_figure(
     events = timeline.events
     series = decimate(category_series(events, coalesce=True), max_points=max_points)
     peak_bytes = timeline.peak_bytes
-    divisor, unit = _scale(peak_bytes)
+    reserved_frame = getattr(timeline, "reserved", None)
+    top_bytes = max(
+        peak_bytes,
+        int(reserved_frame["reserved_bytes"].max())
+        if reserved_frame is not None and len(reserved_frame)
+        else 0,
+    )
+    divisor, unit = _scale(top_bytes)
     times = series["time_us"].to_numpy(dtype="float64")
     span = float(times[-1] - times[0]) if len(times) else 0.0
     tdiv, tunit = _time_scale(span)
@@ -126,7 +133,22 @@ def timeline_figure(
             ),
             **row,
         )
-    peak_x = (timeline.peak_time - 0.0) / tdiv
+    reserved = getattr(timeline, "reserved", None)
+    if reserved is not None and len(reserved):
+        # Reserved memory (segments held by the caching allocator) as a dashed line above the areas.
+        kept = decimate(reserved.rename(columns={"reserved_bytes": "total"}), max_points=max_points)
+        figure.add_trace(
+            go.Scatter(
+                x=kept["time_us"].to_numpy(dtype="float64") / tdiv,
+                y=kept["total"].to_numpy(dtype="float64") / divisor,
+                name="reserved (segments)",
+                mode="lines",
+                line={"color": "black", "dash": "dash", "width": 1, "shape": "hv"},
+                hovertemplate=f"reserved: %{{y:.2f}} {unit}<extra></extra>",
+            ),
+            **row,
+        )
+    peak_x = timeline.peak_time / tdiv
     figure.add_trace(
         go.Scatter(
             x=[peak_x],

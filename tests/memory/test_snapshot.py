@@ -11,6 +11,7 @@ import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
@@ -80,6 +81,14 @@ def test_timeline_ends_at_the_snapshot_state(fixtures_dir: Path, name: str) -> N
     by_category = timeline.by_category()
     assert int(by_category["total"].max()) == timeline.peak_bytes
     assert (by_category["total"] >= 0).all()
+    # Allocated bytes never exceed the bytes reserved in segments at the same moment.
+    reserved = snap.reserved_series(device)
+    assert int(reserved["reserved_bytes"].iloc[-1]) == int(
+        snap.segments.loc[snap.segments["device"] == device, "total_size"].sum()
+    )
+    reserved = reserved.groupby("time_us", as_index=False).last()
+    both = pd.merge_asof(by_category[["time_us", "total"]], reserved, on="time_us")
+    assert (both["total"] <= both["reserved_bytes"]).all()
 
 
 def test_formats_are_recognized(fixtures_dir: Path) -> None:
