@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -76,16 +77,20 @@ def ensure_hta(venv: Path) -> Path:
 
 def measure(python: Path, body: str, trace_dir: Path) -> dict[str, float]:
     code = _MEASURE.format(body=body)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     begin = time.perf_counter()
     command = [str(python), "-c", code, str(trace_dir)]
     done = subprocess.run(command, check=False, capture_output=True, text=True)
     wall = time.perf_counter() - begin
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout)[-800:]
         return {"error": tail.strip().splitlines()[-1] if tail.strip() else f"exit {done.returncode}"}
     result = json.loads(lines[-1][len("RESULT ") :])
     result["process_seconds"] = wall
+    result["cpu_seconds"] = cpu
     return result
 
 
@@ -98,7 +103,8 @@ def main() -> None:
 
     hta_python = ensure_hta(args.hta_venv)
     nbt_python = Path(sys.executable)
-    print(f"{'trace':32s} {'tool':10s} {'wall s':>8s} {'process s':>10s} {'peak MB':>8s}  answer (idle %)")
+    header = f"{'trace':32s} {'tool':10s} {'wall s':>8s} {'process s':>10s} {'cpu s':>7s} {'peak MB':>8s}"
+    print(header + "  idle %")
     summary = []
     for name in args.traces:
         folder = TRACES / name
@@ -114,12 +120,12 @@ def main() -> None:
                 continue
             med = {
                 k: statistics.median(r[k] for r in good)
-                for k in ("seconds", "process_seconds", "peak_rss_mb")
+                for k in ("seconds", "process_seconds", "cpu_seconds", "peak_rss_mb")
             }
             medians[tool] = med
             print(
                 f"{name:32s} {tool:10s} {med['seconds']:8.2f} {med['process_seconds']:10.2f} "
-                f"{med['peak_rss_mb']:8.0f}  {good[0]['answer']}"
+                f"{med['cpu_seconds']:7.2f} {med['peak_rss_mb']:8.0f}  {good[0]['answer']}"
             )
         if len(medians) == 2:
             n, h = medians["nbtoolkit"], medians["HTA"]
@@ -128,17 +134,19 @@ def main() -> None:
                     name,
                     h["seconds"] / n["seconds"],
                     h["process_seconds"] / n["process_seconds"],
+                    h["cpu_seconds"] / n["cpu_seconds"],
                     h["peak_rss_mb"] / n["peak_rss_mb"],
                 )
             )
     print()
     print("HTA / nbtoolkit ratios (higher is better for nbtoolkit):")
-    print(f"{'trace':32s} {'wall':>8s} {'process':>8s} {'peak RSS':>9s}")
-    for name, wall, process, rss in summary:
-        print(f"{name:32s} {wall:7.1f}x {process:7.1f}x {rss:8.1f}x")
+    print(f"{'trace':32s} {'wall':>8s} {'process':>8s} {'cpu':>8s} {'peak RSS':>9s}")
+    for name, wall, process, cpu, rss in summary:
+        print(f"{name:32s} {wall:7.1f}x {process:7.1f}x {cpu:7.1f}x {rss:8.1f}x")
     print(
         "wall: import + load + temporal breakdown inside the process; process: the whole subprocess "
-        "including interpreter start. Targets on the MTIA trace: 8x wall, 3x peak RSS."
+        "including interpreter start; cpu: user+system time of the subprocess (least sensitive to other "
+        "load on the machine). Targets on the MTIA trace: 8x wall, 3x peak RSS."
     )
 
 
