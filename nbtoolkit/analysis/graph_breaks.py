@@ -39,9 +39,10 @@ FIX_HINTS: list[tuple[str, re.Pattern[str], str]] = [
         "scalar",
         re.compile(r"Tensor\.item\(\)|capture_scalar_outputs|Data dependent operator|tolist\(\)"),
         (
-            "A tensor is turned into a Python number (.item(), .tolist(), float(t)). Keep the value a "
-            "tensor, or set torch._dynamo.config.capture_scalar_outputs = True so that Dynamo traces "
-            ".item() into the graph as a symbolic scalar (.tolist() of float tensors still breaks)."
+            "Keep the value a tensor, or set torch._dynamo.config.capture_scalar_outputs = True so that "
+            "Dynamo traces .item() into the graph as a symbolic scalar. The break comes from turning a "
+            "tensor into a Python number (.item(), .tolist(), float(t)); .tolist() of float tensors "
+            "still breaks."
         ),
     ),
     (
@@ -58,17 +59,16 @@ FIX_HINTS: list[tuple[str, re.Pattern[str], str]] = [
         re.compile(r"`print`|builtin print|\bprint\b"),
         (
             "Move print() out of the compiled step, or run "
-            "torch._dynamo.config.reorderable_logging_functions.add(print) so that Dynamo moves the print "
-            "after the graph instead of breaking it."
+            "torch._dynamo.config.reorderable_logging_functions.add(print) so that Dynamo prints after "
+            "the graph instead of breaking it."
         ),
     ),
     (
         "control_flow",
         re.compile(r"Data-dependent branching|generic_jump|dynamic control flow|data-dependent"),
         (
-            "Python control flow on a tensor's value: write it branchless with torch.where (or apply the "
-            "transform unconditionally), or express both branches with torch.cond(pred, true_fn, false_fn, "
-            "operands)."
+            "Replace the Python `if` on a tensor's value: torch.where(cond, a, b) (or apply the transform "
+            "unconditionally), or torch.cond(pred, true_fn, false_fn, operands) for two real branches."
         ),
     ),
     (
@@ -91,10 +91,9 @@ FIX_HINTS: list[tuple[str, re.Pattern[str], str]] = [
         "unsupported_call",
         re.compile(r"marked as skipped|builtin|third-party|C/C\+\+|Unsupported function|unsupported"),
         (
-            "A call Dynamo does not trace (a builtin, C extension or skipped library). Call it outside the "
-            "compiled step; if it is a PyTorch-traceable function mark it with "
-            "torch.compiler.allow_in_graph, otherwise wrap it as a custom op "
-            "(torch.library.custom_op) so the graph can call it."
+            "Call it outside the compiled step. Dynamo does not trace this call (a builtin, a C extension "
+            "or a skipped library); if it is PyTorch-traceable mark it with torch.compiler.allow_in_graph, "
+            "otherwise wrap it as a custom op (torch.library.custom_op) that the graph can call."
         ),
     ),
 ]

@@ -112,12 +112,13 @@ def _structured_trace_handler() -> Iterator[_RecordCollector]:
         )
 
     try:
-        trace_log.handlers = [collector, *[h for h in saved_handlers if not inactive_lazy(h)]]
+        # in place: the logger keeps its own list object, as before
+        trace_log.handlers[:] = [collector, *[h for h in saved_handlers if not inactive_lazy(h)]]
         trace_log.setLevel(logging.DEBUG)
         trace_log.disabled = False
         yield collector
     finally:
-        trace_log.handlers = saved_handlers
+        trace_log.handlers[:] = saved_handlers
         trace_log.setLevel(saved_level)
         trace_log.propagate = saved_propagate
         trace_log.disabled = saved_disabled
@@ -168,6 +169,7 @@ def capture_graphs(
     first_call_s = step_time_s = eager_step_time_s = None
     profiled_events: list[Any] = []
     profiled_steps = 0
+    profiler_busy = False
     with _structured_trace_handler() as collector:
         try:
             start = time.perf_counter()
@@ -175,7 +177,9 @@ def capture_graphs(
             first_call_s = time.perf_counter() - start
             if steps:
                 step_time_s = statistics.median(_timed_calls(fn, args, kwargs, steps))
-                if measure_cost:
+                if measure_cost and torch.autograd.profiler._is_profiler_enabled:
+                    profiler_busy = True  # a profiler is already running (nbt.profile?): never nest one
+                elif measure_cost:
                     profiled_events = _profile_calls(fn, args, kwargs, steps)
                     profiled_steps = steps
                 if eager_baseline:
@@ -204,6 +208,8 @@ def capture_graphs(
     breaks["eager_us_per_step"] = float("nan")
     if profiled_events:
         _attribute_cost(breaks, frames["graphs"], profiled_events, profiled_steps, notes)
+    if profiler_busy:
+        notes.append("break costs not measured: another torch profiler was running during the capture")
     if error:
         notes.append(f"the code raised {error.splitlines()[0]}; the report covers what ran before")
     return GraphReport(

@@ -48,6 +48,12 @@ def _seconds(s: float | None) -> str:
     return format_seconds(s)
 
 
+def _first_sentence(text: Any, limit: int = 170) -> str:
+    """The first sentence of a hint, for one-line text displays."""
+    first = str(text or "").split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))
 
@@ -207,6 +213,9 @@ class GraphReport(Result):
                 cost_text = f", {cost:,.0f} µs/step eager" if _is_number(cost) else ""
                 where = f"{row.user_file}:{row.user_line}" if row.user_file else "?"
                 lines.append(f"    {row.count}× {row.gb_type} at {where}{cost_text}")
+                if isinstance(row.source_line, str) and row.source_line:
+                    lines.append(f"        {row.source_line}")
+                lines.append(f"        fix: {_first_sentence(row.fix)}")
         if not self.compile_failures.empty:
             lines.append("  compile failures:")
             for row in self.compile_failures.head(5).itertuples(index=False):

@@ -332,6 +332,17 @@ def test_keyboard_interrupt_during_compile_restores_everything() -> None:
     assert torch_settings() == before
 
 
+def test_capture_inside_a_running_profiler_skips_costs_with_a_note() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    compiled = torch.compile(step_with_a_costly_break, backend="eager")
+    with profile(activities=[ProfilerActivity.CPU]):
+        report = nbt.capture_graphs(compiled, torch.randn(8, 8), steps=1, eager_baseline=False)
+    assert report.error is None and len(report.breaks) == 2
+    assert report.breaks["eager_us_per_step"].isna().all()
+    assert any("another torch profiler" in n for n in report.notes)
+
+
 def test_nothing_compiled_gives_an_empty_report_with_a_note() -> None:
     report = nbt.capture_graphs(lambda: torch.ones(2) + 1, steps=1, eager_baseline=False)
     assert report.graphs.empty and report.breaks.empty
@@ -386,6 +397,7 @@ def run():
 """
 
 
+@pytest.mark.slow
 def test_live_capture_and_torch_trace_log_give_the_same_report(tmp_path: Any) -> None:
     """One parser for both: the same code captured live and written by TORCH_TRACE in a subprocess."""
     import importlib.util
