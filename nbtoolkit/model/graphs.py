@@ -163,7 +163,15 @@ class GraphReport(Result):
             raise NbtUsageError(f"{head_path} has format {header.get('format')!r}, expected {_FORMAT!r}")
         frames = {}
         for name in _FRAMES:
-            frame = pq.read_table(folder / f"{name}.parquet").to_pandas()
+            try:
+                frame = pq.read_table(folder / f"{name}.parquet").to_pandas()
+            except (
+                OSError,
+                ValueError,
+            ) as exc:  # missing or damaged file (pyarrow's errors derive from these)
+                raise NbtUsageError(
+                    f"cannot read {folder / f'{name}.parquet'} of a saved GraphReport: {exc}"
+                ) from None
             dtypes = {c: t for c, t in FRAME_COLUMNS[name].items() if c in frame.columns}
             frames[name] = frame.astype(dtypes)
         return cls(

@@ -192,3 +192,12 @@ def test_html_escapes_log_text(logs: Path, tmp_path: Path) -> None:
     assert "<script>alert" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "text/plain" in report._repr_mimebundle_()
+
+
+def test_loading_a_damaged_saved_report_names_the_file(logs: Path, tmp_path: Path) -> None:
+    folder = nbt.load_compile_log(logs / "comp_metrics.log").save(tmp_path / "rep")
+    (folder / "breaks.parquet").write_bytes(b"not parquet")
+    with pytest.raises(nbt.NbtUsageError, match=r"breaks\.parquet"):
+        nbt.GraphReport.load(folder)
+    with pytest.raises(nbt.NbtUsageError, match=r"report\.json"):
+        nbt.GraphReport.load(tmp_path)
