@@ -32,6 +32,7 @@ external_id     int64     links GPU work to the CPU operator, -1 when absent
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,6 +261,35 @@ class Trace(Result):
             parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
         parts.append("</div>")
         return "".join(parts)
+
+    # --------------------------------------------------------------- combine
+    @classmethod
+    def combine(cls, traces: Iterable[Trace]) -> Trace:
+        """One multi-rank Trace from per-rank Traces (e.g. ``nbt.profile`` run on every rank).
+
+        Ranks come from each trace (``distributedInfo`` when torch.distributed was initialised
+        while profiling); two traces holding the same rank are a TraceError.
+        """
+        events: dict[int, pd.DataFrame] = {}
+        info: dict[int, RankInfo] = {}
+        collectives: dict[int, pd.DataFrame] = {}
+        notes: list[str] = []
+        for trace in traces:
+            if not isinstance(trace, Trace):
+                raise TraceError(f"Trace.combine() takes Traces, got a {type(trace).__name__}")
+            for rank in trace.ranks:
+                if rank in events:
+                    raise TraceError(
+                        f"rank {rank} appears in two of the traces to combine ({info[rank].source} and "
+                        f"{trace.info[rank].source}); was torch.distributed initialised on every rank?"
+                    )
+                events[rank] = trace.events[rank]
+                info[rank] = trace.info[rank]
+                collectives[rank] = trace.collectives.get(rank, empty_collectives())
+            notes += [n for n in trace.notes if n not in notes]
+        if not events:
+            raise TraceError("Trace.combine() got no traces")
+        return cls(events=events, info=info, collectives=collectives, notes=notes)
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:

@@ -173,3 +173,19 @@ def test_real_traces_take_the_streaming_path(traces_dir, monkeypatch):
     monkeypatch.setattr(kineto, "_read_bytes", must_not_fall_back)
     for folder in ["hta_mtia_inference_trace", "tracelens_b200_r0", "param_dlrm_8rank", "hta_cpu_only"]:
         assert nbt.load_trace(traces_dir / folder).ranks
+
+
+def test_combine_per_rank_traces(traces_dir):
+    import pickle
+
+    both = nbt.load_trace(traces_dir / "hta_trace_filter_2rank")
+    rank0 = nbt.load_trace(traces_dir / "hta_trace_filter_2rank" / "sampled_rank-0.json.gz")
+    rank1 = nbt.load_trace(traces_dir / "hta_trace_filter_2rank" / "sampled_rank-1.json.gz")
+    combined = nbt.Trace.combine([pickle.loads(pickle.dumps(rank1)), rank0])  # as shipped back from workers
+    assert combined.ranks == [0, 1]
+    pd.testing.assert_frame_equal(combined.events[1], both.events[1])
+    pd.testing.assert_frame_equal(nbt.temporal_breakdown(combined), nbt.temporal_breakdown(both))
+    with pytest.raises(nbt.TraceError, match="rank 0 appears in two"):
+        nbt.Trace.combine([rank0, rank0])
+    with pytest.raises(nbt.TraceError, match="no traces"):
+        nbt.Trace.combine([])
