@@ -59,8 +59,9 @@ def load_compile_log(path: str | Path) -> GraphReport:
     """Read a TORCH_TRACE log file, or a folder of per-rank logs, into a GraphReport.
 
     Folders: every ``*.log`` file with at least one structured record is read; the rank
-    comes from ``rank_N`` in the file name, else from the records' ``rank`` field. Other
-    files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
+    comes from ``rank_N`` in the file name, else from the records' ``rank`` field, and is
+    the ``rank`` column of every frame (compile ids in ``report.compile_ids`` then read
+    ``rank:x/y``). Other files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
     ``path`` is missing or holds no readable log.
     """
     from nbtoolkit.model.graphs import GraphReport

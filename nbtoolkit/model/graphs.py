@@ -113,10 +113,22 @@ class GraphReport(Result):
         return GraphComparison(before=self, after=other, labels=labels)
 
     def explorer(self) -> Any:
-        """The graph-break explorer widget (ipywidgets)."""
+        """The graph-break explorer widget (ipywidgets): ranked breaks, source, hints, graphs around."""
         from nbtoolkit.views.graphs import graph_break_explorer
 
         return graph_break_explorer(self)
+
+    def code_view(self) -> Any:
+        """A widget showing the FX code of the graph picked in a dropdown."""
+        from nbtoolkit.views.graphs import graph_code_view
+
+        return graph_code_view(self)
+
+    def compile_time_chart(self) -> Any:
+        """Plotly bar chart of the compile time of each compile, coloured by status."""
+        from nbtoolkit.views.graphs import compile_time_chart
+
+        return compile_time_chart(self)
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path) -> Path:

@@ -72,6 +72,11 @@ def test_compile_time_chart_of_multi_rank_logs(fixtures_dir: Path) -> None:
     assert "compile time (ms)" in fig.layout.yaxis.title.text
 
 
+def test_report_view_shortcuts(evil_report: GraphReport) -> None:
+    assert len(evil_report.code_view().nbt_dropdown.options) == 3
+    assert len(evil_report.compile_time_chart().data) >= 1
+
+
 def test_explorer_of_a_report_without_breaks(fixtures_dir: Path) -> None:
     report = nbt.load_compile_log(fixtures_dir / "compile_logs" / "tlparse_inputs" / "simple.log")
     box = report.explorer()
