@@ -15,7 +15,8 @@ breakdowns and overlap give HTA's numbers on the same trace:
 3. A device event is any event with a stream (``stream != -1``). Its kernel type is
    COMMUNICATION for ``nccl...Kernel`` names, MEMORY for names starting ``Memcpy``,
    ``Memset`` or ``dma``, OTHER for synchronisation events and other memcpy/memset names,
-   and COMPUTATION for the rest.
+   and COMPUTATION for the rest. nbtoolkit also counts HCCL kernels (names starting
+   ``hccl``/``HCCL``/``hcom_``) as COMMUNICATION, which HTA 0.5 does not.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ MEMORY = "MEMORY"
 COMPUTATION = "COMPUTATION"
 OTHER = "OTHER"
 
-_COMM_RE = re.compile(r"^nccl.*Kernel")
+# HTA's rule is ``^nccl.*Kernel`` (NCCL, and RCCL, whose kernels keep NCCL's names); HCCL
+# kernels (Habana/Ascend collectives) are added: no HTA reference trace has such names.
+_COMM_RE = re.compile(r"^nccl.*Kernel|^(hccl|Hccl|HCCL|hcom_)")
 _MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _SYNC_NAMES = ("Event Sync", "Context Sync")

@@ -4,7 +4,8 @@ GPU/accelerator ranks use HolisticTraceAnalysis's definition (HTA 0.5
 ``get_comm_comp_overlap``) and give its number:
 
 - communication time = union of the intervals of communication kernels
-  (``nccl...Kernel``; HTA's kernel types, see ``nbtoolkit.analysis._kernels``);
+  (``nccl...Kernel``, which RCCL keeps, as in HTA; HCCL kernels too, see
+  ``nbtoolkit.analysis._kernels``);
 - overlap time = the part of it during which at least one COMPUTATION kernel runs
   (memcpy/memset and sync events are neither);
 - ``overlap_pct = 100 * overlap / communication``; ``exposed_comm_us = communication -

@@ -71,13 +71,21 @@ def test_cpu_gloo_overlap_counts_gloo_time(fixtures_dir):
     assert set(calls["collective"]) == {"all_reduce"}
 
 
-def test_hand_made_gpu_overlap(tmp_path):
+@pytest.mark.parametrize(
+    "comm_kernel",
+    [
+        "ncclDevKernel_AllReduce_Sum_f32",
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+        "hcclAllReduce",
+    ],
+)
+def test_hand_made_gpu_overlap(tmp_path, comm_kernel):
     # compute kernel [0, 100), nccl kernel [50, 150): overlap 50 of 100 us of communication.
     events = [
         _launch(0, 1),
         _launch(1, 2),
         _kernel("gemm", 10, 100, 1),
-        _kernel("ncclDevKernel_AllReduce_Sum_f32", 60, 100, 2, stream=20),
+        _kernel(comm_kernel, 60, 100, 2, stream=20),
     ]
     trace = nbt.load_trace(_write(tmp_path, events))
     row = nbt.comm_comp_overlap(trace).iloc[0]
