@@ -39,7 +39,7 @@ import math
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FlopCounts",
+    "add_step_metrics",
     "attach_step_metrics",
     "count_step_flops",
     "measure_matmul_peak",
@@ -66,6 +67,9 @@ __all__ = [
     "metrics_frame",
     "resolve_peak",
     "step_metrics",
+    "step_metrics_from_times",
+    "step_metrics_note",
+    "time_steps",
 ]
 
 PHASES = ("forward", "backward", "recompute")
@@ -230,8 +234,14 @@ def count_step_flops(step: Callable[[], Any]) -> FlopCounts:
     The counter and its module hooks are removed when the step returns or raises.
     """
     counter = _make_counter()
-    with counter:
-        _call(step, "FLOP counting")
+    with warnings.catch_warnings():
+        # The counter's module tracker installs global module hooks; torch.compile warns that they
+        # fire once more for the OptimizedModule wrapper. Ours, harmless for counting: not the user's.
+        warnings.filterwarnings(
+            "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+        )
+        with counter:
+            _call(step, "FLOP counting")
     counts: FlopCounts = counter.counts
     return counts
 
@@ -452,28 +462,137 @@ def step_metrics(
             autocast to bf16 picks the bf16 peak).
         peak_flops: the device's peak FLOP/s, to override the table and the measurement.
         measure_peak: ``(torch.device, torch.dtype) -> FLOP/s`` used for devices not in the
-            table (default: the best of 5 timed 2048x2048 matrix products, cached per process).
+            table (default: the best of a few timed matrix products up to 2048x2048, cached
+            per process).
 
     Raises:
         MetricsError: the step raised, ran no FLOP-counted op, or the peak is unknown and
             cannot be measured.
         NbtUsageError: bad arguments.
     """
-    if not callable(step):
-        raise NbtUsageError(
-            f"step must be a zero-argument callable running one training step, got {type(step).__name__}"
-        )
     steps_n = _positive_int("steps", steps, minimum=1)
     warmup_n = _positive_int("warmup", warmup, minimum=0)
-    tokens = _positive_int("tokens_per_step", tokens_per_step, minimum=1, optional=True)
-    samples = _positive_int("samples_per_step", samples_per_step, minimum=1, optional=True)
     assert steps_n is not None and warmup_n is not None
-    wanted_dtype = _dtype_of(dtype) if dtype is not None else None
-    if peak_flops is not None:
-        _given_peak(peak_flops)  # a bad value fails before any step runs
-
+    options = _Options.check(step, model=model, tokens_per_step=tokens_per_step,
+                             samples_per_step=samples_per_step, dtype=dtype, peak_flops=peak_flops,
+                             measure_peak=measure_peak)
     for index in range(warmup_n):
         _call(step, f"warm-up step {index + 1} of {warmup_n}")
+    counted = _count_and_peak(step, options)
+    times = time_steps(step, steps=steps_n, device=counted.device)
+    return _build(counted, times, options, warmup=warmup_n)
+
+
+def step_metrics_from_times(
+    step: Callable[[], Any],
+    step_times_s: Sequence[float],
+    *,
+    times_note: str | None = None,
+    model: Any = None,
+    tokens_per_step: int | None = None,
+    samples_per_step: int | None = None,
+    dtype: Any = None,
+    peak_flops: float | None = None,
+    measure_peak: Callable[[torch.device, torch.dtype], float] | None = None,
+) -> StepMetrics:
+    """Like :func:`step_metrics`, with step times measured elsewhere (by ``nbt.optimize``'s
+    measurement or a profiled run): ``step`` runs once, under the FLOP counter, and nothing is timed.
+
+    ``times_note`` says where the times come from; it becomes a note of the result (e.g.
+    ``"step times measured under torch.profiler: MFU is a lower bound"``).
+    """
+    options = _Options.check(step, model=model, tokens_per_step=tokens_per_step,
+                             samples_per_step=samples_per_step, dtype=dtype, peak_flops=peak_flops,
+                             measure_peak=measure_peak)
+    times = [float(t) for t in step_times_s]
+    if not times:
+        raise NbtUsageError("step_times_s is empty: pass the seconds of at least one timed step")
+    counted = _count_and_peak(step, options)
+    notes = [times_note] if times_note else []
+    return _build(counted, times, options, warmup=0, notes=notes)
+
+
+def add_step_metrics(measurement: Any, step: Callable[[], Any], *, errors: str = "note",
+                     **options: Any) -> StepMetrics | None:
+    """Count the FLOPs of ``step`` once and attach FLOPs, FLOP/s, MFU, HFU (and tokens/s with
+    ``tokens_per_step=``) to a :class:`~nbtoolkit.model.comparison.Measurement`, using the step
+    times it already holds. For ``nbt.optimize``: one line per measured configuration.
+
+    ``errors="note"`` (default): when the metrics cannot be computed (no FLOP-counted op, an
+    unknown peak that cannot be measured, the step raised), the measurement gets one row
+    ``step metrics: not available: <why>`` instead, and None is returned; ``"raise"`` raises.
+    ``options`` are those of :func:`step_metrics_from_times`.
+    """
+    if errors not in ("note", "raise"):
+        raise NbtUsageError(f"errors={errors!r}: pass 'note' or 'raise'")
+    extra = getattr(measurement, "extra", None)
+    times = getattr(measurement, "step_times_s", None)
+    if not isinstance(extra, MutableMapping) or not times:
+        raise NbtUsageError(
+            f"cannot add step metrics to {type(measurement).__name__}: it needs an `extra` mapping and "
+            "`step_times_s`; pass a nbtoolkit Measurement with timed steps"
+        )
+    try:
+        metrics = step_metrics_from_times(step, times, **options)
+    except MetricsError as exc:
+        if errors == "raise":
+            raise
+        extra["step metrics"] = f"not available: {exc}"
+        return None
+    attach_step_metrics(measurement, metrics)
+    return metrics
+
+
+def step_metrics_note(step: Callable[[], Any], step_times_s: Sequence[float], **options: Any) -> str:
+    """One line for a profile summary: ``"step metrics: MFU 12.3% · HFU ... (peak ..., measured)"``,
+    or ``"step metrics not available: <why>"``. Runs ``step`` once under the FLOP counter."""
+    try:
+        metrics = step_metrics_from_times(step, step_times_s, **options)
+    except MetricsError as exc:
+        return f"step metrics not available: {exc}"
+    return f"step metrics: {metrics.summary_line()}"
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Validated arguments shared by the entry points."""
+
+    model: Any
+    tokens: int | None
+    samples: int | None
+    dtype: Any
+    peak_flops: float | None
+    measure_peak: Callable[[torch.device, torch.dtype], float] | None
+
+    @classmethod
+    def check(cls, step: Any, *, model: Any, tokens_per_step: Any, samples_per_step: Any, dtype: Any,
+              peak_flops: Any, measure_peak: Any) -> _Options:
+        if not callable(step):
+            raise NbtUsageError(
+                f"step must be a zero-argument callable running one training step, got {type(step).__name__}"
+            )
+        tokens = _positive_int("tokens_per_step", tokens_per_step, minimum=1, optional=True)
+        samples = _positive_int("samples_per_step", samples_per_step, minimum=1, optional=True)
+        wanted = _dtype_of(dtype) if dtype is not None else None
+        if peak_flops is not None:
+            _given_peak(peak_flops)  # a bad value fails before any step runs
+        if measure_peak is not None and not callable(measure_peak):
+            raise NbtUsageError("measure_peak must be a function (torch.device, torch.dtype) -> FLOP/s")
+        return cls(model, tokens, samples, wanted, peak_flops, measure_peak)
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """One counted step and the peak that applies to it."""
+
+    counts: FlopCounts
+    device: str
+    dtype: Any
+    peak: float
+    source: str
+
+
+def _count_and_peak(step: Callable[[], Any], options: _Options) -> _Counted:
     counts = count_step_flops(step)
     if counts.model_flops <= 0:
         raise MetricsError(
@@ -481,37 +600,42 @@ def step_metrics(
             "FlopCounterMode counts only those), so model FLOPs are 0 and MFU is undefined. Pass a step "
             "that runs the model's forward and backward"
         )
-    device, dtype_name = counts.dominant() or _model_device_dtype(model)
-    run_dtype = wanted_dtype or _dtype_of(dtype_name)
-    # the peak before the timing: when it cannot be had, no timed step is wasted
-    peak, source = resolve_peak(device, run_dtype, peak_flops=peak_flops, measure_peak=measure_peak)
-    times = time_steps(step, steps=steps_n, device=device)
+    device, dtype_name = counts.dominant() or _model_device_dtype(options.model)
+    run_dtype = options.dtype or _dtype_of(dtype_name)
+    # the peak before any timing: when it cannot be had, no timed step is wasted
+    peak, source = resolve_peak(device, run_dtype, peak_flops=options.peak_flops,
+                                measure_peak=options.measure_peak)
+    return _Counted(counts, device, run_dtype, peak, source)
 
-    notes = []
+
+def _build(counted: _Counted, times: list[float], options: _Options, *, warmup: int,
+           notes: list[str] | None = None) -> StepMetrics:
+    counts = counted.counts
+    notes = list(notes or [])
     if counts.total("backward") == 0:
         notes.append("no backward FLOPs were counted: the step looks like a forward pass only")
     if counts.total("recompute"):
         share = counts.total("recompute") / counts.hardware_flops
         notes.append(f"{100 * share:.1f}% of the executed FLOPs are recomputation (activation checkpointing)")
     parameters = None
-    if model is not None and hasattr(model, "parameters"):
-        parameters = int(sum(p.numel() for p in model.parameters()))
+    if options.model is not None and hasattr(options.model, "parameters"):
+        parameters = int(sum(p.numel() for p in options.model.parameters()))
     return StepMetrics(
         model_flops=counts.model_flops,
         hardware_flops=counts.hardware_flops,
         forward_flops=counts.total("forward"),
         step_times_s=times,
-        peak_flops=peak,
-        peak_source=source,
-        dtype=str(run_dtype).removeprefix("torch."),
-        device=device,
-        device_name=_device_name(device),
+        peak_flops=counted.peak,
+        peak_source=counted.source,
+        dtype=str(counted.dtype).removeprefix("torch."),
+        device=counted.device,
+        device_name=_device_name(counted.device),
         by_module=counts.module_frame(),
         by_op=counts.op_frame(),
-        tokens_per_step=tokens,
-        samples_per_step=samples,
+        tokens_per_step=options.tokens,
+        samples_per_step=options.samples,
         parameters=parameters,
-        warmup=warmup_n,
+        warmup=warmup,
         notes=notes,
     )
 
@@ -522,4 +646,3 @@ def _model_device_dtype(model: Any) -> tuple[str, str]:
             if p.is_floating_point():
                 return str(p.device), str(p.dtype).removeprefix("torch.")
     return "cpu", "float32"
-

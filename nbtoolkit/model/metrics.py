@@ -230,6 +230,15 @@ class StepMetrics(Result):
         return None if self.samples_per_step is None else self.samples_per_step / self.step_time_s
 
     @property
+    def tokens_or_samples_per_s(self) -> tuple[float, str] | None:
+        """(rate, unit): tokens/s when tokens per step were given, else samples/s, else None."""
+        if self.tokens_per_s is not None:
+            return self.tokens_per_s, "tokens/s"
+        if self.samples_per_s is not None:
+            return self.samples_per_s, "samples/s"
+        return None
+
+    @property
     def peak_kind(self) -> str:
         """``"table"``, ``"measured"`` or ``"given"``: the first word of ``peak_source``."""
         return self.peak_source.split(":", 1)[0]

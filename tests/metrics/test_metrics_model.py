@@ -56,6 +56,7 @@ def test_derived_numbers() -> None:
     assert m.recompute_flops == 500_000_000_000
     assert m.tokens_per_s == pytest.approx(16384)
     assert m.samples_per_s is None
+    assert m.tokens_or_samples_per_s == (pytest.approx(16384), "tokens/s")
     assert m.mfu_range == (pytest.approx(3e12 / 0.6 / 312e12), pytest.approx(3e12 / 0.4 / 312e12))
     assert m.peak_kind == "table"
 
