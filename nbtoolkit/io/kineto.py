@@ -20,7 +20,7 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, is_, is_not
@@ -338,13 +338,13 @@ class _Columns:
         file = self.file
         self.parts["ts"].append(np.fromiter(map(_TS, complete), dtype=np.float64, count=n))
         self.parts["dur"].append(np.fromiter(map(_DUR, complete), dtype=np.float64, count=n))
-        self.parts["pid"].append(_ints(file, "pid", list(map(_PID, complete))))
-        self.parts["tid"].append(_ints(file, "tid", list(map(_TID, complete))))
+        self.parts["pid"].append(_ints(file, "pid", complete, _PID))
+        self.parts["tid"].append(_ints(file, "tid", complete, _TID))
         args = list(map(_ARGS, complete))
-        self.parts["stream"].append(_ints(file, "stream", list(map(_STREAM, args))))
-        self.parts["device"].append(_ints(file, "device", list(map(_DEVICE, args))))
-        self.parts["correlation"].append(_ints(file, "correlation", list(map(_CORRELATION, args))))
-        self.parts["external_id"].append(_ints(file, "External id", list(map(_EXTERNAL, args))))
+        self.parts["stream"].append(_ints(file, "stream", args, _STREAM))
+        self.parts["device"].append(_ints(file, "device", args, _DEVICE))
+        self.parts["correlation"].append(_ints(file, "correlation", args, _CORRELATION))
+        self.parts["external_id"].append(_ints(file, "External id", args, _EXTERNAL))
         self.name_codes.append(_intern(list(map(_NAME, complete)), self.names))
         self.cat_codes.append(_intern(list(map(_CAT, complete)), self.cats))
         with_collective = compress(range(n), map(is_not, map(_COLLECTIVE, args), repeat(None)))
@@ -435,10 +435,15 @@ _STREAM, _DEVICE, _CORRELATION, _EXTERNAL = (
 )
 
 
-def _ints(file: Path, what: str, values: list[Any]) -> np.ndarray:
-    """An int64 column; non-numeric values (e.g. pid "Spans") become -1; overflow is an error."""
+def _ints(file: Path, what: str, items: list[Any], get: Callable[[Any], Any]) -> np.ndarray:
+    """An int64 column of ``get(item)``; non-numeric values (e.g. pid "Spans") become -1;
+    overflow is an error."""
     import numpy as np
 
+    try:
+        return np.fromiter(map(get, items), dtype=np.int64, count=len(items))
+    except (OverflowError, TypeError, ValueError):
+        values = list(map(get, items))
     try:
         return np.array(values, dtype=np.int64)
     except OverflowError:
