@@ -96,7 +96,8 @@ class RankInfo:
         return cls(**data)
 
 
-@dataclass(repr=False)  # the repr is Result's text summary, not a dump of the frames
+# repr: the Result text summary, not a dump of the frames; eq: identity (frames have no truth value)
+@dataclass(repr=False, eq=False)
 class Trace(Result):
     """Events of one or many ranks; see the module docstring for the columns.
 
@@ -354,7 +355,7 @@ class Trace(Result):
         return cls(events=events, info=info, collectives=collectives, notes=list(meta.get("notes", [])))
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class KernelBreakdown(Result):
     """Device time per kernel type (``by_type``) and per kernel (``by_kernel``).
 
@@ -393,7 +394,7 @@ class KernelBreakdown(Result):
         )
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class StragglerReport(Result):
     """Per-rank step/work/communication-wait times and the slowest rank; see ``nbt.stragglers``."""
 

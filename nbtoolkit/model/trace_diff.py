@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["TraceDiff"]
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class TraceDiff(Result):
     """Before/after numbers of two traces.
 

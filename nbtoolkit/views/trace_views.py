@@ -232,7 +232,7 @@ class _FigureDisplay(Result):
             display(fig)
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class OverlapView(_FigureDisplay):
     """``%nbt overlap``: the overlap table per rank and its bar chart."""
 
@@ -263,7 +263,7 @@ class OverlapView(_FigureDisplay):
         return [overlap_chart(self.table)]
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class TraceReport(_FigureDisplay):
     """``%nbt trace``: summary, step times, breakdowns, overlap, stragglers, timeline."""
 
