@@ -78,8 +78,9 @@ MATMUL_RUNS = 5
 MATMUL_GROW_S = 0.25  # stop doubling the matrix once one product takes this long
 MATMUL_BUDGET_S = 2.0  # at most about this long for the timed products
 
-# (device string, dtype name) -> (peak FLOP/s, source). One measurement per process.
-_MEASURED_PEAKS: dict[tuple[str, str], tuple[float, str]] = {}
+# (device string, dtype name, CPU threads) -> (peak FLOP/s, source). One measurement per process
+# and setting: torch.set_num_threads changes what a CPU can reach.
+_MEASURED_PEAKS: dict[tuple[str, str, int], tuple[float, str]] = {}
 
 
 @dataclass
@@ -396,7 +397,7 @@ def resolve_peak(
         if found is not None:
             return found
     where = f"this CPU ({name})" if device.startswith("cpu") else f"{device} ({name or 'unknown device'})"
-    key = (device, dtype_name)
+    key = (device, dtype_name, torch.get_num_threads() if device.startswith("cpu") else 0)
     if measure_peak is None and key in _MEASURED_PEAKS:
         return _MEASURED_PEAKS[key]
     size = runs = 0

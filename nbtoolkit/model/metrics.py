@@ -83,7 +83,13 @@ def _format_seconds(s: float) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%" if x >= 0.001 else f"{100 * x:.3f}%"
+    """A fraction as a percentage with about three significant digits: 41.2%, 4.12%, 0.041%."""
+    pct = 100 * x
+    if pct >= 10:
+        return f"{pct:.1f}%"
+    if pct >= 1:
+        return f"{pct:.2f}%"
+    return f"{pct:.2g}%"
 
 
 def _empty_frame(columns: list[str]) -> pd.DataFrame:

@@ -55,3 +55,16 @@ def test_metrics_magic_error_is_one_line(shell: InteractiveShell) -> None:
     with pytest.raises(nbt.MetricsError) as info:
         shell.run_line_magic("nbt", "metrics idle")
     assert info.value._render_traceback_() == [f"MetricsError: {info.value}"]
+
+
+def test_the_magic_module_and_the_model_import_nothing_heavy() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, nbtoolkit.magics.metrics, nbtoolkit.model.metrics, nbtoolkit.analysis.device_peaks\n"
+        "heavy = [m for m in ('torch', 'pandas', 'plotly') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
