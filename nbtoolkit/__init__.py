@@ -54,6 +54,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "load_memory_timeline": "nbtoolkit.io.snapshot",
     "load_trace": "nbtoolkit.io.kineto",
     "memory_timeline": "nbtoolkit.capture.memory",
+    "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
     "plan_recompute": "nbtoolkit.optimizations.recompute",
     "profile": "nbtoolkit.capture.profiler",
@@ -130,4 +131,5 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.optimizations.apply import optimize
     from nbtoolkit.optimizations.recompute import plan_recompute
+    from nbtoolkit.views.metrics import mfu_chart
     from nbtoolkit.views.report import report
