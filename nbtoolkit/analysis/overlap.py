@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["comm_comp_overlap", "host_comm_and_compute"]
 
+_CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
+_MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
 COMM_PREFIXES = ("gloo:", "c10d", "nccl:", "record_param_comms", "ProcessGroup", "_c10d", "hccl:")
 Intervals = tuple[np.ndarray, np.ndarray]
 
@@ -64,7 +66,9 @@ def comm_comp_overlap(
             ProfilerStep (column ``step``; device work belongs to the step in which the
             host launched it). ``"collective"``: one row per communication kernel or
             collective call: ``rank, name, collective, ts, dur_us, overlap_time_us,
-            overlap_pct, exposed_comm_us`` (each call against the merged compute of its rank).
+            overlap_pct, exposed_comm_us`` (each call against the merged compute of its rank),
+            plus ``in_msg_nelems, out_msg_nelems, dtype, pg_name`` where the trace records
+            them (PyTorch 2.x writes them on NCCL kernels and ``record_param_comms``).
         include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
 
     ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
@@ -97,17 +101,20 @@ def comm_comp_overlap(
             covered = covered_per_interval(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy(), comp)
             with np.errstate(invalid="ignore", divide="ignore"):
                 pct = np.where(dur > 0, 100.0 * covered / np.where(dur > 0, dur, 1.0), np.nan)
+            meta = _collective_metadata(trace, rank)
             for i, call in enumerate(comm_calls.itertuples(index=False)):
+                found = meta.get(int(call.external_id), {})
                 rows.append(
                     {
                         "rank": rank,
                         "name": str(call.name),
-                        "collective": call.collective,
+                        "collective": found.get("collective") or call.collective,
                         "ts": float(call.ts),
                         "dur_us": float(dur[i]),
                         "overlap_time_us": float(covered[i]),
                         "overlap_pct": float(pct[i]),
                         "exposed_comm_us": float(dur[i] - covered[i]),
+                        **{f: found.get(f) for f in _MESSAGE_FIELDS},
                     }
                 )
     columns = {
@@ -130,6 +137,7 @@ def comm_comp_overlap(
             "overlap_time_us",
             "overlap_pct",
             "exposed_comm_us",
+            *_MESSAGE_FIELDS,
         ],
     }[by]
     return pd.DataFrame(rows, columns=columns)
@@ -168,14 +176,14 @@ def _comm_and_comp(
         )
         comp_events = (comp_rows["ts"].to_numpy(), comp_rows["end"].to_numpy())
         comp_steps = _launch_steps(view, comp_rows, windows)
-        return comm_calls[["ts", "end", "name", "collective", "step"]], comp_events, comp_steps, "hta-gpu"
+        return comm_calls[_CALL_COLUMNS], comp_events, comp_steps, "hta-gpu"
     comm_calls, comp = _host_comm_calls_and_compute(view.host)
     comm_calls = comm_calls.assign(
         collective=comm_calls["name"].astype(str).str.split(":", n=1).str[-1],
         step=_step_of(comm_calls["ts"].to_numpy(), windows),
     )
     return (
-        comm_calls[["ts", "end", "name", "collective", "step"]],
+        comm_calls[_CALL_COLUMNS],
         comp,
         _step_of(comp[0], windows),
         "cpu-gloo",
@@ -284,13 +292,21 @@ def _launch_steps(
     return _step_of(ts, windows)
 
 
-def _collective_names(trace: Trace, rank: int, calls: pd.DataFrame) -> list[object]:
-    """Collective name of each communication kernel, from its own args or its launching op's."""
+def _collective_metadata(trace: Trace, rank: int) -> dict[int, dict[str, object]]:
+    """Collective name and message sizes by External id (shared by a kernel and its launching op)."""
+    import pandas as pd
+
     coll = trace.collectives.get(rank)
-    if coll is None or not len(coll) or not len(calls):
-        return [None] * len(calls)
-    events = trace.events[rank]
-    rows = events.iloc[coll["row"].to_numpy()]
-    by_external = dict(zip(rows["external_id"].to_numpy(), coll["collective"], strict=True))
-    by_external.pop(-1, None)
-    return [by_external.get(ext) for ext in calls["external_id"].to_numpy()]
+    if coll is None or not len(coll):
+        return {}
+    external = trace.events[rank]["external_id"].to_numpy()[coll["row"].to_numpy()]
+    out: dict[int, dict[str, object]] = {}
+    for ext, record in zip(external, coll.to_dict("records"), strict=True):
+        if ext != -1:
+            out.setdefault(int(ext), {k: (None if pd.isna(v) else v) for k, v in record.items()})
+    return out
+
+
+def _collective_names(trace: Trace, rank: int, calls: pd.DataFrame) -> list[object]:
+    meta = _collective_metadata(trace, rank)
+    return [meta.get(int(ext), {}).get("collective") for ext in calls["external_id"].to_numpy()]

@@ -167,3 +167,13 @@ def test_public_names():
     ]:
         assert callable(getattr(nbt, name)), name
     assert np.isnan(np.nan)
+
+
+def test_per_collective_rows_carry_message_sizes(fixtures_dir):
+    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_nccl_parser_config")
+    calls = nbt.comm_comp_overlap(trace, by="collective")
+    assert set(calls["collective"]) == {"allreduce", "broadcast"}
+    allreduce = calls[calls["collective"] == "allreduce"]
+    assert (allreduce["in_msg_nelems"] > 0).all() and set(allreduce["dtype"]) == {"Float"}
+    total = calls["dur_us"].sum()
+    assert calls["exposed_comm_us"].sum() + calls["overlap_time_us"].sum() == pytest.approx(total)
