@@ -98,7 +98,8 @@ def _empty_frame(columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: [] for c in columns})
 
 
-@dataclass(repr=False)  # the Result mixin's repr (the summary) must win over dataclass's
+# repr: the Result mixin's summary, not a dump of the frames; eq: identity (frames have no truth value)
+@dataclass(repr=False, eq=False)
 class StepMetrics(Result):
     """FLOPs, time and utilization of one training step (see the module docstring for definitions).
 

@@ -83,6 +83,13 @@ def test_top_level_modules_skip_nested_ones() -> None:
     assert list(top["module"]) == ["Net.<script>alert(1)</script>", "Net.head"]
 
 
+def test_compares_by_identity_without_touching_the_frames() -> None:
+    m = _metrics()
+    assert m == m
+    assert m != _metrics()
+    assert m in [_metrics(), m]
+
+
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
     m = _metrics(notes=["a note"])
     loaded = nbt.StepMetrics.load(m.save(tmp_path / "m.json"))
