@@ -1,10 +1,21 @@
 """Read PyTorch profiler (Kineto) Chrome traces into a :class:`~nbtoolkit.model.trace.Trace`.
 
 ``load_trace(path)`` takes one ``.json``/``.json.gz`` file, or a folder with one file per
-rank. It is fast because it never builds Python dicts for events: the JSON is decoded
-by msgspec straight into typed structs that declare only the fields the analyses use
-(everything else, such as input shapes, is skipped by the decoder), and the structs are
-turned into numpy columns in one pass.
+rank. It is fast and small because it never builds Python dicts for events:
+
+- the file is inflated a few MB at a time in a background thread (zlib releases the GIL);
+- each piece is cut at an event boundary (``},{``) and decoded in place by msgspec into
+  typed, GC-untracked structs that declare only the fields the analyses use (input
+  shapes, stacks and the rest are skipped by the decoder; metadata events become
+  three-field structs);
+- the structs of a piece are turned into numpy columns (names interned once per file)
+  and dropped before the next piece is decoded, so memory holds one piece of JSON, not
+  the whole document;
+- the cyclic garbage collector is paused while loading (the objects form no cycles).
+
+Anything unexpected in the streaming path (an unknown event phase, a value of the wrong
+type, a truncated file) makes the file be decoded whole by a permissive decoder, which
+either reads it or names the exact problem in a TraceError.
 
 The rank of a file comes from its ``distributedInfo``; files without it get the rank
 their file name states (``rank-34``, ``rank0``, ``worker3``, ``_rank_1``), else rank 0,
@@ -171,7 +182,6 @@ def load_trace(path: str | Path) -> Trace:
             trace formats, a ProfilerStep label is malformed, an event has a missing or
             negative duration, a number overflows int64, or a name is not valid UTF-8.
     """
-
     # The loader allocates hundreds of thousands of small objects that form no cycles; the
     # cyclic garbage collector would rescan them again and again (a third of the load time).
     gc_was_enabled = gc.isenabled()
@@ -226,7 +236,8 @@ def _load(root: Path) -> Trace:
         if rank in info:
             raise TraceError(
                 f"{root}: rank {rank} appears twice ({Path(info[rank].source).name} and "
-                f"{Path(rank_info.source).name}); keep one trace per rank in the folder"
+                f"{Path(rank_info.source).name}); keep one trace per rank in the folder, or load the "
+                "files one by one"
             )
         info[rank], events[rank], collectives[rank] = rank_info, frame, coll
     formats = {i.trace_format for i in info.values()}
