@@ -22,7 +22,7 @@ breakdowns and overlap give HTA's numbers on the same trace:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,14 +65,41 @@ def kernel_types(names: pd.Series) -> np.ndarray:
     return table[codes]  # code -1 (missing) maps to the trailing OTHER
 
 
-@dataclass
 class DeviceView:
-    """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``."""
+    """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``.
 
-    rank: int
-    host: pd.DataFrame  # kept host events (stream == -1) with integer-µs ts/end
-    device: pd.DataFrame  # kept device events (stream != -1) with ts/end and kernel_type
-    filtered: bool  # whether the last ProfilerStep was left out
+    Both frames are built on first use (a GPU breakdown never needs the large host frame).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        frame: pd.DataFrame,
+        *,
+        ts: np.ndarray,
+        end: np.ndarray,
+        keep: np.ndarray,
+        filtered: bool,
+    ) -> None:
+        self.rank = rank
+        self.filtered = filtered  # whether the last ProfilerStep was left out
+        self._frame, self._ts, self._end, self._keep = frame, ts, end, keep
+        self._stream = frame["stream"].to_numpy()
+
+    def _rows(self, mask: np.ndarray) -> pd.DataFrame:
+        index = np.flatnonzero(mask)
+        return self._frame.iloc[index].assign(ts=self._ts[index], end=self._end[index])
+
+    @cached_property
+    def host(self) -> pd.DataFrame:
+        """Kept host events (stream == -1) with whole-µs ts/end."""
+        return self._rows(self._keep & (self._stream == -1))
+
+    @cached_property
+    def device(self) -> pd.DataFrame:
+        """Kept device events (stream != -1) with whole-µs ts/end and ``kernel_type``."""
+        device = self._rows(self._keep & (self._stream != -1))
+        return device.assign(kernel_type=kernel_types(device["name"]))
 
 
 def count_step_labels(trace: Trace) -> int:
@@ -86,7 +113,9 @@ def count_step_labels(trace: Trace) -> int:
 def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> DeviceView:
     """HTA's preprocessed events of one rank (see the module docstring)."""
     frame = trace.rank_events(rank)
-    frame = frame[frame["cat"].astype(str) != ""]  # HTA drops events without a category
+    cats = frame["cat"]
+    if "" in cats.cat.categories:  # HTA drops events without a category
+        frame = frame[(cats.cat.codes != cats.cat.categories.get_loc("")).to_numpy()]
     ts_raw = frame["ts"].to_numpy()
     ts = np.ceil(ts_raw)
     end = np.maximum(np.floor(ts_raw + frame["dur"].to_numpy()), ts)
@@ -112,11 +141,7 @@ def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> 
         keep = keep_host | keep_gpu
         filtered = not include_last_step
 
-    columns = frame.assign(ts=ts, end=end)
-    host = columns[keep & (stream == -1)]
-    device = columns[keep & (stream != -1)]
-    device = device.assign(kernel_type=kernel_types(device["name"]))
-    return DeviceView(rank=rank, host=host, device=device, filtered=filtered)
+    return DeviceView(rank, frame, ts=ts, end=end, keep=keep, filtered=filtered)
 
 
 def merged(view_device: pd.DataFrame, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
