@@ -106,3 +106,19 @@ def test_cell_magic_profile_error_leaves_no_profiler(shell):
     assert not result.success
     assert isinstance(result.error_in_exec, ValueError)
     assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_cell_magic_profile_with_memory_and_shapes(shell):
+    shell.user_ns["torch"] = torch
+    cell = "%%nbt profile --steps 1 --warmup 0 --memory --shapes\ntorch.ones(256, 256) * 3\n"
+    result = shell.run_cell(cell)
+    assert result.success, result.error_in_exec
+    trace = shell.user_ns["_nbt"]
+    assert list(trace.steps["step"]) == [0]
+    assert "aten::mul" in set(trace.events[0]["name"].astype(str))
+
+
+def test_cell_magic_profile_bad_steps_is_a_usage_error(shell):
+    result = shell.run_cell("%%nbt profile --steps 0\npass\n")
+    assert isinstance(result.error_in_exec, nbt.NbtUsageError)
+    assert "steps must be a positive integer" in str(result.error_in_exec)
