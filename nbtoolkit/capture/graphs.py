@@ -122,7 +122,7 @@ def _structured_trace_handler() -> Iterator[_RecordCollector]:
         trace_log.setLevel(saved_level)
         trace_log.propagate = saved_propagate
         trace_log.disabled = saved_disabled
-        trace_log.filters = saved_filters
+        trace_log.filters[:] = saved_filters
         collector.close()
 
 

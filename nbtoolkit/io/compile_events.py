@@ -402,7 +402,21 @@ class CompileEventParser:
     records: int = 0
 
     def add(self, metadata: Mapping[str, Any], payload: str | None, *, rank: int | None = None) -> None:
-        """Read one record. Unknown kinds are counted and otherwise ignored."""
+        """Read one record. Unknown kinds are counted and otherwise ignored.
+
+        A record whose fields do not have the expected shape (another torch version) is
+        skipped with a note rather than failing the whole report.
+        """
+        try:
+            self._add(metadata, payload, rank=rank)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            kind = record_kind(metadata) if isinstance(metadata, Mapping) else None
+            if len(self.notes) < 50:
+                self.notes.append(
+                    f"skipped a record ({kind or 'unknown kind'}) that could not be read: {exc!r}"
+                )
+
+    def _add(self, metadata: Mapping[str, Any], payload: str | None, *, rank: int | None) -> None:
         if rank is None:
             rank = _as_int(metadata.get("rank"))
         if "str" in metadata:
@@ -456,7 +470,10 @@ class CompileEventParser:
         compile_.metrics = m
         rank = compile_.rank
         cid = str(key)
-        for reason in m.get("restart_reasons") or []:
+        restart_reasons = m.get("restart_reasons") or []
+        if isinstance(restart_reasons, str):
+            restart_reasons = [restart_reasons]
+        for reason in restart_reasons:
             self._failures.append(
                 {
                     "rank": rank,

@@ -164,3 +164,20 @@ def test_fix_hints_name_real_torch_apis() -> None:
     assert callable(torch.cond) and callable(torch.where)
     assert callable(torch.compiler.allow_in_graph) and callable(torch.compiler.disable)
     assert callable(torch.library.custom_op)
+
+
+def test_a_record_of_unexpected_shape_is_skipped_with_a_note() -> None:
+    from nbtoolkit.io.compile_events import CompileEventParser
+
+    parser = CompileEventParser()
+    parser.add({"compilation_metrics": {"graph_op_count": 2}, "frame_id": "zero?"}, None)
+    parser.add({"dynamo_start": {"stack": [{"filename": 3, "line": "x"}]}, "frame_id": 0}, None)
+    parser.add(
+        {"compilation_metrics": {"restart_reasons": "one reason"}, "frame_id": 0, "frame_compile_id": 0}, None
+    )
+    parser.add({"artifact": {"name": "dynamo_graph_break_reason"}, "frame_id": 0}, 123)  # type: ignore[arg-type]
+    frames = parser.frames()
+    assert frames["failures"]["description"].tolist() == ["one reason"]
+    assert len(frames["compiles"]) == 2
+    assert frames["breaks"].empty
+    assert any("skipped a record (artifact)" in n for n in parser.notes)
