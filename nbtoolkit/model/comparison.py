@@ -66,6 +66,8 @@ class Measurement:
         step_time_s: median wall time of one step over ``step_times_s`` (seconds), after warm-up.
         step_time_spread_s: interquartile range (75th minus 25th percentile) of ``step_times_s``.
         step_times_s: every timed step (seconds), in order.
+        step_cpu_time_s: median processor time of the timed steps (``time.process_time``, all
+            threads of the process): unlike wall time, not inflated by waiting for a busy CPU.
         peak_bytes: peak of live CPU/GPU tensor bytes during one step, relative to the bytes
             already live before the step started (parameters, optimizer state and gradients that
             persist between steps are included only when the step allocates them anew), measured
@@ -88,6 +90,7 @@ class Measurement:
     step_time_s: float
     step_time_spread_s: float
     step_times_s: list[float] = field(default_factory=list)
+    step_cpu_time_s: float | None = None
     peak_bytes: int = 0
     resident_bytes: int = 0
     peak_by_category: dict[str, int] = field(default_factory=dict)
@@ -112,6 +115,7 @@ class Measurement:
         rows: list[tuple[str, Any, str]] = [
             ("step time (median)", self.step_time_s, format_seconds(self.step_time_s)),
             ("step time spread (IQR)", self.step_time_spread_s, format_seconds(self.step_time_spread_s)),
+            ("step CPU time (median)", self.step_cpu_time_s, format_seconds(self.step_cpu_time_s)),
             ("peak memory", self.peak_bytes, format_bytes(self.peak_bytes)),
         ]
         for category, nbytes in sorted(self.peak_by_category.items()):
@@ -186,9 +190,10 @@ class Comparison(Result):
         for name in names:
             b_raw, b_shown = before.get(name, (None, "-"))
             a_raw, a_shown = after.get(name, (None, "-"))
-            records.append(
-                {"metric": name, "before": b_shown, "after": a_shown, "change": _change(b_raw, a_raw)}
-            )
+            # the losses come from different training steps (the after-steps continue training),
+            # so their ratio is not an effect of the change: no ratio shown for them
+            change = "" if name == "final loss" else _change(b_raw, a_raw)
+            records.append({"metric": name, "before": b_shown, "after": a_shown, "change": change})
         return pd.DataFrame.from_records(records, columns=["metric", "before", "after", "change"])
 
     def _summary(self) -> str:

@@ -41,12 +41,14 @@ class RecomputePlan(Result):
         blocks: names (as in ``model.named_modules()``) of the blocks to checkpoint, in model order.
         budget_bytes: the budget the plan was made for (peak step memory, bytes).
         predicted_peak_bytes: peak(blocks) from the memory model above.
-        predicted_overhead_s: extra seconds per step: the chosen blocks' forward times.
+        predicted_overhead_s: extra seconds per step: the sum of the chosen blocks' ``recompute_time_s``.
         baseline_peak_bytes: the measured peak without any checkpointing.
-        baseline_step_time_s: the measured median step time without checkpointing.
+        baseline_step_time_s: the measured median step time without checkpointing (processor
+            time when the model is on the CPU, see ``plan_recompute``).
         candidates: one row per candidate block: ``block``, ``module`` (class),
             ``saved_bytes`` (measured drop in live bytes when only that block is checkpointed),
-            ``recompute_time_s`` (its fastest measured forward time), ``chosen``.
+            ``recompute_time_s`` (measured step-time increase when only that block is checkpointed),
+            ``forward_time_s`` (its fastest forward, for reference), ``chosen``.
         tradeoff: the exact memory-vs-time Pareto front: ``predicted_peak_bytes``,
             ``predicted_overhead_s``, ``n_blocks``, ``blocks`` (comma-separated), from no
             checkpointing down to the lowest reachable peak.

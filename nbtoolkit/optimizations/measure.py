@@ -5,7 +5,9 @@ What is measured, and how:
 * **Step time**: ``warmup`` steps are run first (compilation happens there), then
   ``steps`` steps are timed one by one with ``time.perf_counter``; the median is
   ``step_time_s`` and the interquartile range (p75 - p25) is ``step_time_spread_s``.
-  On CUDA the clock is read after ``torch.cuda.synchronize()``.
+  On CUDA the clock is read after ``torch.cuda.synchronize()``. ``step_cpu_time_s`` is the
+  median processor time of the same steps (``time.process_time``): on a machine shared with
+  other jobs, wall time includes waiting for a CPU and CPU time does not.
 * **Peak memory**: one more step runs under ``torch.profiler.profile(profile_memory=True)``.
   Every allocation and free the CPU (or CUDA) allocator makes is reported with the
   allocator's running total of bytes allocated since profiling began
@@ -292,18 +294,27 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def time_steps(step: Callable[[], Any], count: int) -> tuple[list[float], list[float | None]]:
-    """Run ``count`` steps, each timed on its own; (seconds per step, losses)."""
+def time_steps(
+    step: Callable[[], Any], count: int
+) -> tuple[list[float], list[float | None], list[float]]:
+    """Run ``count`` steps, each timed on its own; (wall seconds, losses, CPU seconds) per step.
+
+    CPU seconds are ``time.process_time()`` differences: the processor time this process
+    spent (all its threads, user and system), which waiting for a busy machine's CPU does
+    not inflate.
+    """
     times: list[float] = []
+    cpu: list[float] = []
     losses: list[float | None] = []
     for _ in range(count):
         _synchronize()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         value = run_step(step)
         _synchronize()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         losses.append(loss_value(value))
-    return times, losses
+    return times, losses, cpu
 
 
 def measure_step(
@@ -340,14 +351,16 @@ def measure_step(
     warm_times: list[float] = []
     losses: list[float | None] = []
     for _ in range(warmup):
-        t, loss = time_steps(step, 1)
+        t, loss, _ = time_steps(step, 1)
         warm_times += t
         losses += loss
         tick("warm-up step")
     times: list[float] = []
+    cpu_times: list[float] = []
     for _ in range(steps):
-        t, loss = time_steps(step, 1)
+        t, loss, cpu = time_steps(step, 1)
         times += t
+        cpu_times += cpu
         losses += loss
         tick("timed step")
     median = statistics.median(times)
@@ -357,6 +370,7 @@ def measure_step(
         step_time_s=median,
         step_time_spread_s=spread,
         step_times_s=times,
+        step_cpu_time_s=statistics.median(cpu_times),
         losses=losses,
         config=dict(config or {}),
     )

@@ -6,11 +6,16 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    among every module's direct children, the groups of two or more non-leaf children of
    the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks);
    the group holding the most parameters wins.
-2. **Baseline.** One warm-up step (so optimizer state exists), then ``steps`` timed steps
-   with a forward pre/post hook on each candidate: the median step time, and each block's
-   fastest forward time ``t_i`` (other processes only ever add time, so the minimum is the
-   block's own cost). Recomputing a checkpointed block runs its forward once more,
-   so ``t_i`` is the time it costs per step.
+2. **Recompute time.** One warm-up step (so optimizer state exists), then ``steps`` rounds:
+   each round times one plain step and one step with each candidate checkpointed alone,
+   interleaved so that load from other processes hits every configuration alike. The cost
+   of block ``i`` is ``t_i = max(0, fastest step with i checkpointed - fastest plain step)``
+   (processor time from ``time.process_time`` when the model is on the CPU, which waiting
+   for a busy machine's cores does not inflate; wall time otherwise):
+   the measured price of its recomputation *and* of the checkpoint machinery, net of what
+   checkpointing gives back (on the CPU, freeing activations early can make the allocator
+   cheaper, so a block's forward time alone overstates its cost; it is reported as
+   ``forward_time_s`` for reference). The fastest run is used because load only adds time.
 3. **Memory over time.** One step under ``torch.profiler(profile_memory=True)``: the
    allocator's running total ``L(t)`` after every allocation and free, and markers for the
    end of each block's forward and the start of its backward (a hook on the gradient of the
@@ -200,6 +205,14 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
+def _timed(step: Callable[[], Any], *, cpu: bool) -> float:
+    """Seconds one step takes: processor time (``time.process_time``) if ``cpu``, else wall time."""
+    clock = time.process_time if cpu else time.perf_counter
+    start = clock()
+    run_step(step)
+    return clock() - start
+
+
 def _phases(series: MemorySeries, n: int) -> tuple[list[int], list[frozenset[int]]]:
     """(P_p, A_p) per phase: the max live total per distinct alive set (step 3)."""
     windows = []
@@ -317,7 +330,7 @@ def plan_recompute(
             ``Measurement.peak_bytes``). None: plan nothing, but measure the candidates and the
             whole trade-off front (what the panel starts from).
         blocks: candidate module names (``model.named_modules()`` paths); default: the repeated blocks.
-        steps: timed steps for the forward times.
+        steps: timing rounds (each: one plain step and one step per candidate checkpointed).
         verify: apply the chosen plan and measure its real peak (step 8).
         progress: ``progress(done, total, what)`` after each run.
 
@@ -346,7 +359,7 @@ def plan_recompute(
             raise NbtUsageError("blocks is empty: name at least one module, or leave it out")
     modules = resolve_blocks(module, names)
     n = len(names)
-    total_runs = 1 + steps + 1 + n + (1 if verify and budget is not None else 0)
+    total_runs = 1 + steps * (n + 1) + 1 + n + (1 if verify and budget is not None else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -361,19 +374,32 @@ def plan_recompute(
         probe.recording_times = False
         run_step(step)  # warm-up: optimizer state, lazy buffers
         tick("warm-up step")
-        probe.recording_times = True
-        step_times = []
+        # on the CPU the step's cost is its processor time, which a busy machine does not inflate
+        # (wall time there is mostly waiting for a core); on a GPU it is wall time
+        cpu_clock = all(p.device.type == "cpu" for p in module.parameters())
+        step_times: list[float] = []
+        with_block: list[list[float]] = [[] for _ in range(n)]
         for _ in range(steps):
+            # one round: a plain step, then one step with each block checkpointed alone;
+            # interleaving lets load from other processes hit every configuration alike
+            probe.recording_times = True
             probe.new_step()
-            start = time.perf_counter()
-            run_step(step)
-            step_times.append(time.perf_counter() - start)
+            step_times.append(_timed(step, cpu=cpu_clock))
+            probe.recording_times = False
             tick("timed step")
-        probe.recording_times = False
-        # the fastest of the timed forwards: load from other processes only ever adds time,
-        # so the minimum is the block's own cost (timeit's reasoning); a median lets one
-        # preempted forward out of three decide the plan on a busy machine.
-        cost = [min(t) if t else 0.0 for t in probe.forward_times]
+            for i in range(n):
+                applied = checkpoint_blocks(module, [names[i]])
+                try:
+                    probe.new_step()
+                    with_block[i].append(_timed(step, cpu=cpu_clock))
+                finally:
+                    applied.undo()
+                tick(f"timed step with {names[i]} checkpointed")
+        # fastest of the rounds: load from other processes only ever adds time, so the
+        # minimum is each configuration's own cost (timeit's reasoning)
+        fastest = min(step_times)
+        cost = [max(0.0, min(times) - fastest) for times in with_block]
+        forward = [min(t) if t else 0.0 for t in probe.forward_times]
         probe.new_step()
         baseline, _, _ = profile_memory_series(step)
         tick("profiled baseline step")
@@ -450,7 +476,7 @@ def plan_recompute(
         probe.remove()
 
     return _build_plan(
-        names, modules, saved, cost, levels, alive, front, chosen,
+        names, modules, saved, cost, forward, levels, alive, front, chosen,
         budget=target, baseline_peak=baseline_peak, step_time=statistics.median(step_times),
         measured=measured, notes=notes,
     )
@@ -461,6 +487,7 @@ def _build_plan(  # noqa: PLR0917 - private helper taking the planner's measured
     modules: list[Any],
     saved: list[int],
     cost: list[float],
+    forward: list[float],
     levels: list[int],
     alive: list[frozenset[int]],
     front: list[set[int]],
@@ -480,6 +507,7 @@ def _build_plan(  # noqa: PLR0917 - private helper taking the planner's measured
             "module": [type(m).__name__ for m in modules],
             "saved_bytes": [int(s) for s in saved],
             "recompute_time_s": [float(c) for c in cost],
+            "forward_time_s": [float(f) for f in forward],
             "chosen": [i in chosen for i in range(len(names))],
         }
     )

@@ -51,6 +51,8 @@ def test_plan_without_budget_measures_candidates_and_front(planned: Any) -> None
     assert plan.blocks == []
     assert plan.predicted_peak_bytes == plan.baseline_peak_bytes
     assert list(plan.candidates["block"]) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    assert (plan.candidates["recompute_time_s"] >= 0).all()
+    assert (plan.candidates["forward_time_s"] > 0).all()
     # wider MLPs keep more activations: the measured savings follow the hidden sizes of blocks 0-2
     saved = dict(zip(plan.candidates["block"], plan.candidates["saved_bytes"], strict=True))
     assert saved["blocks.1"] > saved["blocks.2"] > saved["blocks.0"] > 0
@@ -78,8 +80,7 @@ def test_budget_sweep_measured_peak_under_budget(planned: Any) -> None:
         assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget
         chosen_sizes.append(len(plan.blocks))
         assert _untouched(model)
-    assert chosen_sizes[0] >= chosen_sizes[-1]  # tighter budgets never need fewer blocks here
-    assert chosen_sizes[0] >= 2
+    assert chosen_sizes[0] >= 2  # just above the lowest peak: nearly every helpful block is needed
 
 
 @pytest.mark.slow
