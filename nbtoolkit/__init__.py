@@ -56,6 +56,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "memory_timeline": "nbtoolkit.capture.memory",
     "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
+    "optimize_panel": "nbtoolkit.views.optimize",
     "plan_recompute": "nbtoolkit.optimizations.recompute",
     "profile": "nbtoolkit.capture.profiler",
     "report": "nbtoolkit.views.report",
@@ -132,4 +133,5 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.optimizations.apply import optimize
     from nbtoolkit.optimizations.recompute import plan_recompute
     from nbtoolkit.views.metrics import mfu_chart
+    from nbtoolkit.views.optimize import optimize_panel
     from nbtoolkit.views.report import report
