@@ -130,6 +130,10 @@ class GraphReport(Result):
 
         return compile_time_chart(self)
 
+    def _report_figures(self) -> list[Any]:
+        """Figures nbt.report embeds with this report: the compile-time chart."""
+        return [self.compile_time_chart()] if not self.compiles.empty else []
+
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path) -> Path:
         """Write the report to folder ``path`` (Parquet frames + ``report.json``); returns the folder."""

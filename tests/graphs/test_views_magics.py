@@ -151,3 +151,10 @@ def test_compile_log_magic(shell: InteractiveShell, fixtures_dir: Path) -> None:
     assert list(report.compile_failures["failure_type"]) == ["BackendCompilerFailed"]
     with pytest.raises(nbt.CompileLogError, match="not found"):
         shell.run_line_magic("nbt", "compile-log /nonexistent/trace.log")
+
+
+def test_nbt_report_embeds_the_compile_chart_and_escapes(evil_report: GraphReport, tmp_path: Path) -> None:
+    out = nbt.report(evil_report, path=tmp_path / "graphs.html")
+    page = Path(out.path).read_text()
+    assert "Compile time per compile" in page
+    assert "<script>alert(1)</script>" not in page
