@@ -68,10 +68,10 @@ class Measurement:
         step_times_s: every timed step (seconds), in order.
         step_cpu_time_s: median processor time of the timed steps (``time.process_time``, all
             threads of the process): unlike wall time, not inflated by waiting for a busy CPU.
-        peak_bytes: peak of live CPU/GPU tensor bytes during one step, relative to the bytes
-            already live before the step started (parameters, optimizer state and gradients that
-            persist between steps are included only when the step allocates them anew), measured
-            from the allocator's own counter under ``torch.profiler(profile_memory=True)``.
+        peak_bytes: peak of the bytes one step allocates and still holds, above what was live
+            before it started (parameters and optimizer state are not counted; gradients are,
+            when the step allocates them anew). Summed per allocation from the allocator events
+            of ``torch.profiler(profile_memory=True)``; see ``nbtoolkit.optimizations.measure``.
         resident_bytes: bytes live when the step started (parameters, optimizer state, ...).
         peak_by_category: bytes per torch memory category (``torch.profiler._memory_profiler``:
             PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL,
