@@ -34,9 +34,10 @@ unchanged (with a note saying where the timeline is). Recording is always turned
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.capture._native import native_stderr_silenced
 from nbtoolkit.errors import CaptureError, NbtUsageError
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def memory_timeline(
         if use_cuda:
             torch.cuda.memory._record_memory_history(max_entries=1_000_000)
             recording_history = True
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.start()
         try:
             with tracker:
@@ -128,7 +129,7 @@ def memory_timeline(
         except BaseException as exc:  # re-raised below, with the partial timeline attached
             failure = exc
         finally:
-            with _native_stderr_silenced():
+            with native_stderr_silenced():
                 prof.stop()
         if recording_history:
             snapshot_dict = torch.cuda.memory._snapshot()
@@ -160,34 +161,6 @@ def memory_timeline(
             failure.add_note("nbtoolkit: the memory timeline up to this failure is in exc.timeline")
         raise failure
     return timeline
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null while the profiler starts or stops.
-
-    Kineto prints ``USDT: <timestamp> ... profiler_start`` lines straight to the process's
-    stderr; in a notebook they show up under the cell (with a new timestamp every run).
-    Only the start/stop calls are wrapped, never the user's code.
-    """
-    import os
-    import sys
-
-    try:
-        saved = os.dup(2)
-    except OSError:  # no usable fd 2 (embedded interpreters): nothing to silence
-        yield
-        return
-    try:
-        sys.stderr.flush()
-        with open(os.devnull, "wb") as sink:
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-    finally:
-        os.close(saved)
 
 
 def _model_device(model: Any) -> torch.device:

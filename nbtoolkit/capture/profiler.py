@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.capture._native import native_stderr_silenced
 from nbtoolkit.errors import CaptureError, NbtUsageError
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ def profile(
         with_stack=with_stack,
     )
     try:
-        prof.start()
+        with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
+            prof.start()
         try:
             for step in range(steps):
                 # The same label torch writes with a schedule, so HTA-style step logic applies.
@@ -92,7 +94,8 @@ def profile(
                     value = fn()
                 prof.step()
         finally:
-            prof.stop()  # also on exceptions and KeyboardInterrupt: never leave a profiler running
+            with native_stderr_silenced():
+                prof.stop()  # also on exceptions and KeyboardInterrupt: never leave a profiler running
         try:
             prof.export_chrome_trace(str(out))
         except Exception as exc:  # torch raises bare RuntimeError on export problems
