@@ -33,6 +33,8 @@ def profile(
     profile_memory: bool = False,
     with_stack: bool = False,
     trace_path: str | Path | None = None,
+    metrics: bool = False,
+    tokens_per_step: int | None = None,
 ) -> Trace:
     """Profile ``steps`` calls of ``fn`` (after ``warmup`` unprofiled calls) and return the Trace.
 
@@ -43,6 +45,11 @@ def profile(
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
         trace_path: also keep the exported Chrome trace at this path (``.json``), e.g.
             to open it in Perfetto; by default it goes to a temporary file that is removed.
+        metrics: also count the step's FLOPs (one more, unprofiled run under torch's FLOP
+            counter) and attach :class:`~nbtoolkit.model.metrics.StepMetrics` as
+            ``trace.step_metrics``, with MFU/HFU in the summary. The step times are the
+            profiled ones, so MFU is a lower bound (the profiler adds overhead).
+        tokens_per_step: tokens one call of ``fn`` processes, for tokens/s (with ``metrics``).
 
     CPU activities are always recorded, CUDA ones when CUDA is available. The profiler
     is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt inside
@@ -109,4 +116,26 @@ def profile(
         info.notes = [n for n in info.notes if "file name" not in n]
         info.source = str(out) if keep else "nbt.profile (in this process)"
     trace.value = value
+    if metrics:
+        _attach_step_metrics(trace, fn, tokens_per_step)
     return trace
+
+
+def _attach_step_metrics(trace: Trace, fn: Callable[[], Any], tokens_per_step: int | None) -> None:
+    """Count FLOPs of one more call of ``fn`` and rate them against the profiled step times."""
+    from nbtoolkit.capture.step_metrics import step_metrics_from_times
+    from nbtoolkit.errors import MetricsError
+
+    durations_us = trace.steps["dur"].tolist() if len(trace.steps) else []
+    step_times_s = [float(d) / 1e6 for d in durations_us]
+    try:
+        trace.step_metrics = step_metrics_from_times(
+            fn,
+            step_times_s,
+            times_note="step times of the profiled steps: MFU is a lower bound",
+            tokens_per_step=tokens_per_step,
+        )
+    except MetricsError as exc:  # metrics are an extra: the profile itself stands
+        trace.notes.append(f"step metrics not available: {exc}")
+        return
+    trace.notes.append(f"step metrics: {trace.step_metrics.summary_line()}")

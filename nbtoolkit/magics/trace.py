@@ -25,6 +25,8 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
         warmup=args.warmup,
         profile_memory=args.memory,
         record_shapes=args.shapes,
+        metrics=args.metrics,
+        tokens_per_step=args.tokens,
     )
 
 
@@ -52,6 +54,8 @@ register(
             Argument("--warmup", type=int, default=1, help="unprofiled runs first (default 1)"),
             Argument("--memory", action="store_true", help="also record memory allocations (profile_memory)"),
             Argument("--shapes", action="store_true", help="also record input shapes (record_shapes)"),
+            Argument("--metrics", action="store_true", help="also count FLOPs: MFU/HFU in the summary"),
+            Argument("--tokens", type=int, default=None, help="tokens per run of the cell, for tokens/s"),
         ),
         handler=_profile,
     )

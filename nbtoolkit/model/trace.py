@@ -111,6 +111,7 @@ class Trace(Result):
     collectives: dict[int, pd.DataFrame] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     value: Any = field(default=None, repr=False)  # what the profiled function returned last (not saved)
+    step_metrics: Any = field(default=None, repr=False)  # StepMetrics of profile(metrics=True); not saved
     _steps: pd.DataFrame | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- access
