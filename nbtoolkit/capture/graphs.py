@@ -41,7 +41,10 @@ compile logged several) and divided by the number of profiled steps. It is host 
 the break's own Python and eager ops, the frame transition and the pregraph work of the
 next graph; time in ``backward()`` or outside compiled frames is not attributed. An
 op count that differs from the ops actually run (a graph node that runs no aten op, or
-several) moves the graph's end by those ops; the inductor marker is exact.
+several) moves the graph's end by those ops; the inductor marker is exact. The report's
+headline sums the costs of all breaks (``report.eager_between_graphs_s``) and shows them as
+a share of a profiled step (``report.profiled_step_time_s``, the mean wall time of a step
+in run 3), so that both sides of the ratio carry the profiler's overhead.
 
 Errors: an exception raised by the code (a backend failure included) ends the run early;
 it is recorded in ``report.error`` (and torch's compile failure in ``report.failures``)
@@ -170,6 +173,7 @@ def capture_graphs(
     profiled_events: list[Any] = []
     profiled_steps = 0
     profiler_busy = False
+    profiled_step_s: float | None = None
     with _structured_trace_handler() as collector:
         try:
             start = time.perf_counter()
@@ -180,7 +184,7 @@ def capture_graphs(
                 if measure_cost and torch.autograd.profiler._is_profiler_enabled:
                     profiler_busy = True  # a profiler is already running (nbt.profile?): never nest one
                 elif measure_cost:
-                    profiled_events = _profile_calls(fn, args, kwargs, steps)
+                    profiled_events, profiled_step_s = _profile_calls(fn, args, kwargs, steps)
                     profiled_steps = steps
                 if eager_baseline:
                     with torch.compiler.set_stance("force_eager"):
@@ -222,6 +226,7 @@ def capture_graphs(
         eager_step_time_s=eager_step_time_s,
         steps=steps if step_time_s is not None else 0,
         error=error,
+        profiled_step_time_s=profiled_step_s,
     )
 
 
@@ -238,14 +243,16 @@ def _timed_calls(
 
 def _profile_calls(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], n: int
-) -> list[Any]:
-    """Run ``n`` calls under the CPU profiler and return its events (FunctionEvents with parents)."""
+) -> tuple[list[Any], float]:
+    """Run ``n`` calls under the CPU profiler: its events (FunctionEvents with parents), mean s per call."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         for _ in range(n):
             fn(*args, **kwargs)
-    return list(prof.events())
+        per_call = (time.perf_counter() - start) / n
+    return list(prof.events()), per_call
 
 
 def _attribute_cost(

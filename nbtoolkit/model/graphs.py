@@ -77,6 +77,7 @@ class GraphReport(Result):
     eager_step_time_s: float | None = None  # median wall time of the same step run eagerly
     steps: int = 0
     error: str | None = None  # the exception the captured code raised, if any
+    profiled_step_time_s: float | None = None  # mean wall time of a step under the profiler (costs' base)
 
     # ------------------------------------------------------------------ summaries
     @property
@@ -156,6 +157,7 @@ class GraphReport(Result):
             "eager_step_time_s": self.eager_step_time_s,
             "steps": self.steps,
             "error": self.error,
+            "profiled_step_time_s": self.profiled_step_time_s,
         }
         (folder / "report.json").write_text(json.dumps(header, indent=1))
         return folder
@@ -201,6 +203,7 @@ class GraphReport(Result):
             eager_step_time_s=header.get("eager_step_time_s"),
             steps=int(header.get("steps", 0)),
             error=header.get("error"),
+            profiled_step_time_s=header.get("profiled_step_time_s"),
         )
 
     # ------------------------------------------------------------------ display
@@ -221,7 +224,21 @@ class GraphReport(Result):
             rows.append((f"step time compiled (median of {self.steps})", _seconds(self.step_time_s)))
         if self.eager_step_time_s is not None:
             rows.append((f"step time eager (median of {self.steps})", _seconds(self.eager_step_time_s)))
+        between = self.eager_between_graphs_s
+        if between is not None:
+            # both measured under the profiler, so the share compares like with like
+            base = self.profiled_step_time_s
+            share = f" ({between / base:.0%} of a profiled step)" if base else ""
+            rows.append(("eager code after graph breaks, per step", _seconds(between) + share))
         return rows
+
+    @property
+    def eager_between_graphs_s(self) -> float | None:
+        """Measured host time per step in eager code after the breaks (s); None when not measured."""
+        if "eager_us_per_step" not in self.breaks.columns:
+            return None
+        measured = self.breaks["eager_us_per_step"].dropna()
+        return float(measured.sum()) / 1e6 if len(measured) else None
 
     def _text(self) -> str:
         lines = [f"GraphReport of {self.source}" if self.source else "GraphReport"]

@@ -160,6 +160,8 @@ def test_step_times_and_break_costs_are_measured(captured: tuple[GraphReport, An
     assert report.first_call_s and report.step_time_s and report.eager_step_time_s
     assert report.first_call_s > report.step_time_s
     assert (report.breaks["eager_us_per_step"] > 0).all()
+    assert report.profiled_step_time_s is not None and report.eager_between_graphs_s is not None
+    assert 0 < report.eager_between_graphs_s < report.profiled_step_time_s
     text = repr(report)
     assert "µs/step eager" in text and "step time eager" in text
 
