@@ -110,15 +110,20 @@ class Measurement:
                 return value
         return None
 
-    def rows(self) -> list[tuple[str, Any, str]]:
-        """(metric, raw value, shown value) for the table; ``extra`` entries come last."""
+    def rows(self, categories: list[str] | None = None) -> list[tuple[str, Any, str]]:
+        """(metric, raw value, shown value) for the table; ``extra`` entries come last.
+
+        ``categories``: the memory categories to list (a side-by-side table passes the union
+        of both measurements' so the rows line up); default: this measurement's own.
+        """
         rows: list[tuple[str, Any, str]] = [
             ("step time (median)", self.step_time_s, format_seconds(self.step_time_s)),
             ("step time spread (IQR)", self.step_time_spread_s, format_seconds(self.step_time_spread_s)),
             ("step CPU time (median)", self.step_cpu_time_s, format_seconds(self.step_cpu_time_s)),
             ("peak memory", self.peak_bytes, format_bytes(self.peak_bytes)),
         ]
-        for category, nbytes in sorted(self.peak_by_category.items()):
+        for category in sorted(self.peak_by_category) if categories is None else categories:
+            nbytes = self.peak_by_category.get(category)
             rows.append((f"  at peak: {category}", nbytes, format_bytes(nbytes)))
         rows.append(("compile time", self.compile_time_s, format_seconds(self.compile_time_s)))
         rows.append(("graphs", self.graph_count, "-" if self.graph_count is None else str(self.graph_count)))
@@ -182,8 +187,9 @@ class Comparison(Result):
         """One row per metric: ``metric``, ``before``, ``after``, ``change`` (after/before)."""
         import pandas as pd
 
-        before = {name: (raw, shown) for name, raw, shown in self.before.rows()}
-        after = {name: (raw, shown) for name, raw, shown in self.after.rows()}
+        categories = sorted(set(self.before.peak_by_category) | set(self.after.peak_by_category))
+        before = {name: (raw, shown) for name, raw, shown in self.before.rows(categories)}
+        after = {name: (raw, shown) for name, raw, shown in self.after.rows(categories)}
         names = list(before)
         names += [n for n in after if n not in before]
         records = []

@@ -30,6 +30,15 @@ def test_table_side_by_side_with_extra_rows() -> None:
     assert "checkpoint 2 blocks" in text
 
 
+def test_category_rows_line_up() -> None:
+    before = _m("before", 1.0, 10, peak_by_category={"ACTIVATION": 8, "PARAMETER": 2})
+    after = _m("after", 1.0, 10, peak_by_category={"TEMPORARY": 3, "PARAMETER": 2})
+    metrics = list(Comparison(before, after).table()["metric"])
+    rows = [m for m in metrics if m.startswith("  at peak:")]
+    assert rows == ["  at peak: ACTIVATION", "  at peak: PARAMETER", "  at peak: TEMPORARY"]
+    assert metrics.index(rows[-1]) < metrics.index("compile time")
+
+
 def test_html_escapes_foreign_text() -> None:
     cmp = Comparison(_m("before", 1.0, 10), _m("after", 1.0, 10), changes=["<script>alert(1)</script>"],
                      notes=["<script>x</script>"])

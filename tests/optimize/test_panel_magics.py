@@ -102,6 +102,7 @@ def test_plan_magic(shell: InteractiveShell, setup: Any) -> None:
         shell.run_line_magic("nbt", "optimize gpt train_step --amp fp8")
 
 
+@pytest.mark.slow
 def test_optimize_magic_builds_panel_and_runs(shell: InteractiveShell, setup: Any) -> None:
     model, step, _ = setup
     shell.user_ns.update(gpt=model, train_step=step)
