@@ -103,6 +103,15 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def first_loss(self) -> float | None:
+        """The first loss a step returned (``nbt.optimize`` starts both measurements from the same
+        weights, so equal first losses mean the changes did not alter what the step computes)."""
+        for value in self.losses:
+            if value is not None:
+                return value
+        return None
+
+    @property
     def final_loss(self) -> float | None:
         """The last loss a step returned, or None when the step returns nothing."""
         for value in reversed(self.losses):
@@ -130,7 +139,8 @@ class Measurement:
         rows.append(
             ("graph breaks", self.graph_breaks, "-" if self.graph_breaks is None else str(self.graph_breaks))
         )
-        final = self.final_loss
+        first, final = self.first_loss, self.final_loss
+        rows.append(("first loss", first, "-" if first is None else f"{first:.6g}"))
         rows.append(("final loss", final, "-" if final is None else f"{final:.6g}"))
         for key, value in self.extra.items():
             shown = f"{value:,.4g}" if isinstance(value, (int, float)) else str(value)

@@ -68,6 +68,8 @@ def optimize(
     undo: bool = True,
     categories: bool = True,
     progress: Progress | None = None,
+    metrics: bool = True,
+    tokens_per_step: int | None = None,
 ) -> Comparison:
     """Measure ``step``, apply the requested changes to ``model``, measure again; a :class:`Comparison`.
 
@@ -85,7 +87,16 @@ def optimize(
         undo: restore the model at the end (default); False keeps the changes (``.applied``).
         categories: also measure the peak by torch memory category (one more profiled step each).
         progress: ``progress(done, total, what)`` while measuring.
+        metrics: also count each configuration's FLOPs (one more step each) and show model and
+            hardware FLOPs, achieved FLOP/s, MFU and HFU (``nbt.step_metrics``) in the table.
+        tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
 
+    Both measurements start from the same weights: the model's parameters and buffers are
+    copied (to the CPU) before the baseline and put back before the second measurement and
+    again at the end. So the first loss of each measurement is computed
+    from identical weights and shows whether the changes alter what the step computes, and the
+    model's weights are as they were afterwards. Optimizer state (e.g. Adam's moments) lives in
+    the step and is not restored: it has advanced by the measured steps.
     The environment switch and the order of changes are described in the module docstring.
     Bad input raises NbtUsageError (PlanError when no plan fits) and leaves the model as it was.
     """
@@ -112,7 +123,7 @@ def optimize(
     plan_runs = 0
     if recompute == "auto":
         plan_runs = 10
-    runs_each = warmup + steps + 1
+    runs_each = warmup + steps + 1 + (1 if metrics else 0)
     total = runs_each * 2 + plan_runs
     offset = 0
 
@@ -125,9 +136,11 @@ def optimize(
 
         return report
 
+    initial_state = _copy_state(module)
     before = measure_step(
         step, label="before", steps=steps, warmup=warmup, categories=categories,
         config={"compile": None, "recompute": [], "amp": None}, progress=staged("before"),
+        flops=metrics, tokens_per_step=tokens_per_step,
     )
     offset += runs_each
     plan = None
@@ -157,15 +170,19 @@ def optimize(
             applied.extend(autocast_model(module, amp))
         if compile_opts is not None:
             applied.extend(compile_model(module, **compile_opts))
+        _restore_state(module, initial_state)  # planning ran steps too: start "after" where "before" did
         after = measure_step(
             step, label="after", steps=steps, warmup=warmup, categories=categories,
             compiled=compile_opts is not None,
             config={"compile": compile_opts, "recompute": names or [], "amp": amp},
             progress=staged("after"),
+            flops=metrics, tokens_per_step=tokens_per_step,
         )
     except BaseException:
         applied.undo()
+        _restore_state(module, initial_state)
         raise
+    _restore_state(module, initial_state)  # measuring must not train the user's model
     if budget is not None and recompute == "auto" and after.peak_bytes > budget:
         notes.append(
             f"measured peak {format_bytes(after.peak_bytes)} is over the budget {format_bytes(budget)} "
@@ -182,3 +199,17 @@ def optimize(
     else:
         handle = applied
     return Comparison(before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle)
+
+
+def _copy_state(module: Any) -> dict[str, Any]:
+    """A CPU copy of the module's parameters and buffers (not on the device: no extra device memory)."""
+    return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
+
+
+def _restore_state(module: Any, state: dict[str, Any]) -> None:
+    """Put the copied values back in place, so the tensors (and optimizers holding them) stay the same."""
+    import torch
+
+    with torch.no_grad():
+        for name, value in module.state_dict().items():
+            value.copy_(state[name])

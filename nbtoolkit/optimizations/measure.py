@@ -328,17 +328,21 @@ def measure_step(
     compiled: bool = False,
     config: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    flops: bool = False,
+    tokens_per_step: int | None = None,
 ) -> Measurement:
     """Measure a step as the module docstring describes; returns a :class:`Measurement`.
 
-    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true.
+    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
+    step under torch's FLOP counter when ``flops`` is true (model/hardware FLOPs, MFU, HFU
+    and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
     ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
     ``progress(done, total, what)`` is called after every step.
     """
     check_step(step)
     if steps < 1 or warmup < 0:
         raise NbtUsageError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    total = warmup + steps + (1 if memory else 0)
+    total = warmup + steps + (1 if memory else 0) + (1 if flops else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -385,6 +389,11 @@ def measure_step(
         measurement.break_reasons = reasons
         measurement.graph_breaks = sum(reasons.values())
         measurement.compile_time_s = max(0.0, sum(warm_times) - median * len(warm_times))
+    if flops:
+        from nbtoolkit.capture.step_metrics import add_step_metrics
+
+        add_step_metrics(measurement, step, tokens_per_step=tokens_per_step)  # a row, never an error
+        tick("FLOP-counted step")
     if memory:
         series, by_category, resident = profile_memory_series(step, categories=categories)
         measurement.peak_bytes = series.peak_bytes

@@ -136,3 +136,21 @@ def test_bad_input_leaves_model_as_it_was(budget: int) -> None:
     with pytest.raises(NbtUsageError, match="ValueError: boom"):
         optimize(model, flaky, recompute=["blocks.0"], steps=1, warmup=0, categories=False)
     assert _untouched(model)
+
+
+@pytest.mark.slow
+def test_measurements_start_from_the_same_weights_and_leave_them_as_they_were(budget: int) -> None:
+    """Same first loss before/after (the changes do not alter the math), weights restored, MFU shown."""
+    model, step = make_gpt(hidden=HIDDEN)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cmp = optimize(model, step, recompute="auto", budget_bytes=budget, steps=2, warmup=1,
+                   tokens_per_step=64)
+    assert cmp.before.first_loss is not None
+    assert cmp.after.first_loss == pytest.approx(cmp.before.first_loss, rel=1e-5)
+    assert cmp.before.final_loss != cmp.before.first_loss  # the measured steps did train
+    after = model.state_dict()
+    assert all(torch.equal(weights[k], after[k]) for k in weights)
+    table = cmp.table().set_index("metric")
+    assert "first loss" in table.index
+    assert any("MFU" in metric for metric in table.index)
+    assert cmp.before.extra["hardware GFLOP / step"] < cmp.after.extra["hardware GFLOP / step"]
