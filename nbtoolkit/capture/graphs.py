@@ -247,11 +247,19 @@ def _profile_calls(
     """Run ``n`` calls under the CPU profiler: its events (FunctionEvents with parents), mean s per call."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    from nbtoolkit.capture._native import native_stderr_silenced
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
+        prof.start()
+    try:
         start = time.perf_counter()
         for _ in range(n):
             fn(*args, **kwargs)
         per_call = (time.perf_counter() - start) / n
+    finally:
+        with native_stderr_silenced():
+            prof.stop()
     return list(prof.events()), per_call
 
 
