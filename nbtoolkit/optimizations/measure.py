@@ -39,10 +39,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbtoolkit.capture._native import native_stderr_silenced
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.comparison import Measurement
 
@@ -167,13 +167,13 @@ def profile_memory_series(
         record_shapes=categories,
         with_stack=categories,
     )
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         prof.start()
     try:
         value = run_step(step)
         _synchronize()
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.stop()
     series = MemorySeries(value=value)
     events = []
@@ -211,31 +211,6 @@ def profile_memory_series(
     return series, by_category, resident
 
 
-@contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """File descriptor 2 to /dev/null while the profiler starts or stops, never around user code.
-
-    Kineto prints ``USDT: <timestamp> ... profiler_start`` lines straight to the process's
-    stderr; in a notebook they would show under the cell with a new timestamp every run.
-    """
-    import os
-    import sys
-
-    try:
-        saved = os.dup(2)
-    except OSError:  # no usable fd 2 (embedded interpreters): nothing to silence
-        yield
-        return
-    try:
-        sys.stderr.flush()
-        with open(os.devnull, "wb") as sink:
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-    finally:
-        os.close(saved)
 
 
 def _peak_by_category(prof: Any) -> tuple[dict[str, int], int]:
