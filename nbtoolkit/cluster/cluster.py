@@ -482,7 +482,11 @@ class Cluster(Result):
         on_output: OutputCallback | None = None,
         **options: Any,
     ) -> list[Any]:
-        """:func:`nbtoolkit.memory_timeline` of the step on every rank: one MemoryTimeline per rank."""
+        """:func:`nbtoolkit.memory_timeline` of the step on every rank: one MemoryTimeline per rank.
+
+        ``options`` go to ``memory_timeline`` (``steps``, ``device``); ``model`` and
+        ``optimizer`` may be given as names of variables in the ranks' namespaces.
+        """
         return self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output).value_list()
 
     def graphs(

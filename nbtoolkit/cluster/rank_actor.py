@@ -238,6 +238,14 @@ class RankActor:
 
         step = self.as_callable(payload)
         tool = getattr(importlib.import_module(module), name)
+        # model= / optimizer= given by name refer to objects in this rank's namespace.
+        for key in ("model", "optimizer"):
+            if isinstance(kwargs.get(key), str):
+                if kwargs[key] not in self.namespace:
+                    return self._outcome(
+                        None, f"NameError: rank {self.rank} has no {key} named {kwargs[key]!r}", 0.0
+                    )
+                kwargs = {**kwargs, key: self.namespace[kwargs[key]]}
         return self._run(lambda: tool(step, **kwargs))
 
     def as_callable(self, payload: Any) -> Callable[[], Any]:

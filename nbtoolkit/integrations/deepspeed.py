@@ -384,7 +384,13 @@ def zero_sweep(
             traces[name] = trace
     table = pd.DataFrame(rows)
     table["stage"] = table["stage"].fillna(1).astype(int)
-    notes = [f"{steps} timed steps after {warmup} warmup, {steps} profiled steps, {cluster.world_size} ranks"]
+    notes = [
+        f"{steps} timed steps after {warmup} warmup, then {steps} profiled steps, {cluster.world_size} ranks",
+        (
+            "communication is measured in the profiled steps, which the profiler slows down: compare it "
+            "between configurations, not with the step time"
+        ),
+    ]
     return ZeroSweep(table=table, traces=traces, notes=notes)
 
 

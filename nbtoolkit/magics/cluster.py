@@ -58,11 +58,12 @@ def _remote(args: Any, call: MagicCall) -> Any:
     cell = call.cell or ""
     label = f"running on {args.ranks or 'all'} ranks"
     try:
-        with DelayedProgress(label, delay_s=2.0):
+        with DelayedProgress(label, delay_s=5.0):
             if args.profile:
                 return cluster.profile(cell, steps=args.steps, ranks=args.ranks, on_output=printer)
             if args.memory:
-                return cluster.memory(cell, ranks=args.ranks, on_output=printer)
+                names = {k: v for k, v in (("model", args.model), ("optimizer", args.optimizer)) if v}
+                return cluster.memory(cell, ranks=args.ranks, on_output=printer, **names)
             result = cluster.execute(cell, ranks=args.ranks, on_output=printer)
     finally:
         printer.flush()
@@ -120,6 +121,8 @@ register(
             ),
             Argument("--steps", type=int, default=3, help="profiled runs of the cell with --profile"),
             Argument("--memory", action="store_true", help="memory timeline of the cell on each rank"),
+            Argument("--model", default=None, help="with --memory: the model's variable name on the ranks"),
+            Argument("--optimizer", default=None, help="with --memory: the optimizer's variable name"),
         ),
         handler=_remote,
     )
