@@ -208,6 +208,23 @@ def test_profile_gathers_one_trace_per_rank(cluster) -> None:
     assert trace.info[1].world_size == 2
 
 
+def test_graph_reports_come_back_from_every_rank(cluster) -> None:
+    def compiled_with_a_break() -> object:
+        import torch
+
+        @torch.compile(backend="eager")
+        def f(x):
+            y = x.sin()
+            print("a graph break")
+            return y.cos()
+
+        return f(torch.ones(4))
+
+    reports = cluster.graphs(compiled_with_a_break, steps=0, eager_baseline=False, measure_cost=False)
+    assert len(reports) == 2
+    assert all(len(r.breaks) >= 1 for r in reports)
+
+
 def test_status_shows_every_rank(cluster) -> None:
     status = cluster.status()
     assert [row["rank"] for row in status.rows] == [0, 1]
