@@ -50,11 +50,18 @@ def _describe(options: dict[str, Any]) -> str:
 
 
 def compile_model(model: torch.nn.Module, **options: Any) -> Applied:
-    """Compile ``model.forward`` with torch.compile(**options); ``.undo()`` restores the eager forward."""
+    """Compile ``model.forward`` with torch.compile(**options); ``.undo()`` restores the eager forward.
+
+    Dynamo's caches are reset first (``torch._dynamo.reset()``): graphs compiled earlier for
+    the same code (another instance of the class, an earlier ``torch.compile`` of this model)
+    would otherwise be reused, and the measurement would show no graphs and no compile time.
+    Other compiled functions of the process recompile on their next call.
+    """
     import torch
 
     check_module(model)
     checked = compile_options(options) or {}
+    torch._dynamo.reset()
     applied = Applied()
     applied.add(_describe(checked), replace_forward(model, lambda forward: torch.compile(forward, **checked)))
     return applied
