@@ -1,4 +1,4 @@
-"""Round trip of an empty `%%nbt remote` cell on 2 local ranks, side by side with ipyparallel's `%%px`.
+"""Round trip of an empty (`pass`) `%%nbt remote` cell on 2 local ranks, beside ipyparallel `%%px --block`.
 
 Both run in one IPython shell in this process: nbtoolkit on a local Ray cluster of 2 ranks,
 ipyparallel on a local cluster of 2 engines. The two magics are timed alternately (so that
@@ -71,10 +71,10 @@ def main() -> None:
     try:
 
         def nbt_remote() -> None:
-            shell.run_cell_magic("nbt", "remote", "")
+            shell.run_cell_magic("nbt", "remote", "pass")
 
         def px() -> None:
-            shell.run_cell_magic("px", "", "")
+            shell.run_cell_magic("px", "--block", "pass")
 
         _time(nbt_remote, args.warmup)
         _time(px, args.warmup)
