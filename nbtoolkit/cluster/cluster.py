@@ -487,6 +487,15 @@ class Cluster(Result):
         ``options`` go to ``memory_timeline`` (``steps``, ``device``); ``model`` and
         ``optimizer`` may be given as names of variables in the ranks' namespaces.
         """
+        # Known problem: memory_timeline records Python stacks (torch.profiler with_stack=True),
+        # and that hangs a Ray rank worker (CPU-bound, holding the GIL) in torch 2.13 / Ray 2.60.
+        # Refuse clearly instead of leaving ranks stuck; profile(profile_memory=True) works.
+        if not options.pop("_allow_with_stack_hang", False):
+            raise ClusterError(
+                "memory timelines on cluster ranks are not available yet: recording Python stacks "
+                "hangs a Ray rank worker. Use cluster.profile(..., profile_memory=True) for the "
+                "allocation events of every rank, or nbt.memory_timeline locally."
+            )
         return self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output).value_list()
 
     def graphs(

@@ -169,3 +169,11 @@ def test_reading_names_what_changed_and_what_it_did() -> None:
     assert "cut peak memory by 40% (100.0 MB -> 60.0 MB)" in lines[1]
     assert "9 collective calls per step instead of 3" in lines[1] and "ZeRO-3" in lines[1]
     assert "changed reduce_bucket_size=1k" in lines[2] and "no clear change in step time" in lines[2]
+
+
+def test_memory_on_ranks_is_refused_clearly_instead_of_hanging() -> None:
+    from nbtoolkit.cluster.cluster import Cluster
+
+    cluster = Cluster.__new__(Cluster)  # no Ray needed: the refusal comes before any rank call
+    with pytest.raises(ClusterError, match="profile_memory=True"):
+        cluster.memory("step()")
