@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH"
 export RAY_USAGE_STATS_ENABLED=0
+# DeepSpeed JIT-builds a CPU op on first use; give this checkout its own build folder, so a
+# build killed elsewhere (a stale lock in ~/.cache/torch_extensions) can never hang it.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/out/torch_extensions}"
 mkdir -p out/notebooks out/html
 run() {
   if [ "$(id -u)" = "0" ] && unshare --net true 2>/dev/null; then

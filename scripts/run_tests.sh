@@ -13,6 +13,9 @@ export PATH="$PWD/$VENV/bin:$PATH"
 export PYTHONDONTWRITEBYTECODE=1
 # Keep Ray quiet and local.
 export RAY_USAGE_STATS_ENABLED=0
+# DeepSpeed JIT-builds a CPU op on first use; give this checkout its own build folder, so a
+# build killed elsewhere (a stale lock in ~/.cache/torch_extensions) can never hang it.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/out/torch_extensions}"
 export RAY_DISABLE_DOCKER_CPU_WARNING=1
 
 echo "[test] ruff"

@@ -509,6 +509,21 @@ class Cluster(Result):
         """:func:`nbtoolkit.capture_graphs` of the step on every rank: one GraphReport per rank."""
         return self._tool("capture_graphs_on_rank", code_or_fn, ranks, options, on_output).value_list()
 
+    def step_metrics(
+        self,
+        code_or_fn: str | Callable[..., Any],
+        *,
+        ranks: str | int | Sequence[int] | None = None,
+        on_output: OutputCallback | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """:func:`nbtoolkit.step_metrics` of the step on every rank: one StepMetrics per rank.
+
+        A per-rank table: ``nbtoolkit.model.metrics.metrics_frame(results, label="rank")``;
+        a chart: ``nbt.mfu_chart(results)``.
+        """
+        return self._tool("step_metrics_on_rank", code_or_fn, ranks, options, on_output).value_list()
+
     # ---- variables ----
     def push(self, values: dict[str, Any], *, ranks: str | int | Sequence[int] | None = None) -> None:
         """Set variables in the namespace of each rank (``values`` maps name -> value)."""

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["capture_graphs_on_rank", "memory_timeline_on_rank", "profile_to_bytes"]
+__all__ = ["capture_graphs_on_rank", "memory_timeline_on_rank", "profile_to_bytes", "step_metrics_on_rank"]
 
 
 def profile_to_bytes(
@@ -80,3 +80,10 @@ def capture_graphs_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
     from nbtoolkit.capture.graphs import capture_graphs
 
     return capture_graphs(step, **kwargs)
+
+
+def step_metrics_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
+    """nbtoolkit.capture.step_metrics.step_metrics of the rank's step (FLOPs, MFU, HFU)."""
+    from nbtoolkit.capture.step_metrics import step_metrics
+
+    return step_metrics(step, **kwargs)

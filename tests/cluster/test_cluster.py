@@ -225,6 +225,23 @@ def test_graph_reports_come_back_from_every_rank(cluster) -> None:
     assert all(len(r.breaks) >= 1 for r in reports)
 
 
+def test_step_metrics_come_back_from_every_rank(cluster) -> None:
+    from nbtoolkit.model.metrics import StepMetrics, metrics_frame
+
+    def linear_step() -> None:
+        import torch
+
+        layer = torch.nn.Linear(32, 16, bias=False)
+        layer(torch.randn(8, 32)).sum().backward()
+
+    results = cluster.step_metrics(linear_step, steps=2, warmup=1, peak_flops=1e12)
+    assert len(results) == 2
+    assert all(isinstance(m, StepMetrics) for m in results)
+    # forward 2*8*32*16 plus the weight gradient (the same again); the input needs no gradient
+    assert [m.model_flops for m in results] == [2 * 2 * 8 * 32 * 16] * 2
+    assert len(metrics_frame(results, label="rank")) == 2
+
+
 def test_status_shows_every_rank(cluster) -> None:
     status = cluster.status()
     assert [row["rank"] for row in status.rows] == [0, 1]
