@@ -2,22 +2,7 @@
 
     python notebooks/_build/NAME.py && jupyter nbconvert --to notebook --execute --inplace notebooks/NAME.ipynb
 """
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell as md, new_notebook
-
-def code(src):
-    # Outputs that vary between runs (timings) are ignored by nbval through the cell tag,
-    # which also works for cell magics (whose first line must be the magic).
-    ignore = src.startswith("# NBVAL_IGNORE_OUTPUT\n")
-    if ignore:
-        src = src[len("# NBVAL_IGNORE_OUTPUT\n"):]
-    cell = new_code_cell(src)
-    if ignore:
-        cell.metadata["tags"] = ["nbval-ignore-output"]
-    return cell
-
+from _cells import code, md, write
 
 cells = [
 md("""# nbtoolkit quick start
@@ -86,7 +71,4 @@ md("""## Where next
 - `04_cluster.ipynb`: the same on a 2-rank cluster, with communication/compute overlap;
 - `05_capstone.ipynb`: one model from slow and out of memory to fast and fitting."""),
 ]
-nb = new_notebook(cells=cells)
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.metadata["language_info"] = {"name": "python"}
-nbformat.write(nb, str(Path(__file__).resolve().parents[1] / "00_quickstart.ipynb"))
+write(cells, "00_quickstart")

@@ -2,21 +2,7 @@
 
     python notebooks/_build/NAME.py && jupyter nbconvert --to notebook --execute --inplace notebooks/NAME.ipynb
 """
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell as md, new_notebook
-
-
-def code(src):
-    ignore = src.startswith("# NBVAL_IGNORE_OUTPUT\n")
-    if ignore:
-        src = src[len("# NBVAL_IGNORE_OUTPUT\n"):]
-    cell = new_code_cell(src)
-    if ignore:
-        cell.metadata["tags"] = ["nbval-ignore-output"]
-    return cell
-
+from _cells import code, md, write
 
 cells = [
 md("""# Capstone: from "slow and out of memory" to "fast and fits"
@@ -179,7 +165,4 @@ nbt.report(("Baseline", baseline), ("Graph breaks before", report_before), ("Gra
            ("Memory", timeline), ("Recompute plan", plan), ("Before/after", result),
            path="capstone-report.html", title="TinyGPT: slow and out of memory -> fast and fits")"""),
 ]
-nb = new_notebook(cells=cells)
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.metadata["language_info"] = {"name": "python"}
-nbformat.write(nb, str(Path(__file__).resolve().parents[1] / "05_capstone.ipynb"))
+write(cells, "05_capstone")
