@@ -365,6 +365,25 @@ def test_zero_sweep_runs_deepspeed_stages_on_the_ranks(cluster) -> None:
     assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
 
 
+@pytest.mark.deepspeed
+def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
+    """The seed's point: communication granularity decides how much of the model one graph holds."""
+    from nbtoolkit.integrations.deepspeed import zero_graph_breaks
+
+    result = zero_graph_breaks(cluster, _small_model, _batch, stages=(1, 3), steps=1)
+    table = result.table.set_index("stage")
+    assert table.loc[1, "graphs"] == 1
+    assert table.loc[1, "graph_breaks"] == 0
+    assert table.loc[3, "graph_breaks"] > 0
+    assert table.loc[3, "graphs"] > table.loc[1, "graphs"]
+    assert table["same_on_all_ranks"].all()
+    # ZeRO-3's breaks sit in DeepSpeed's parameter gather/release code, not in the model.
+    files = " ".join(str(f) for f in result.reports[3].breaks["user_file"])
+    assert "deepspeed" in files
+    assert "per ZeRO stage" in repr(result)
+    assert cluster.run("dist.get_world_size()") == [2, 2]
+
+
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
     from nbtoolkit.cluster.cluster import RemoteCellError
 
