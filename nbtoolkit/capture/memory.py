@@ -273,7 +273,7 @@ def _build_timeline(
     from torch._C._profiler import _EventType
     from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
 
-    from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.memory import EVENT_COLUMNS, MemoryTimeline
 
     profile = (
         prof._memory_profile()
@@ -433,19 +433,7 @@ def _build_timeline(
     baseline, baseline_note = _baseline_rows(
         model, optimizer, target=target, seen=seen_storage_ptrs, first_id=len(tensor_ids), owners=owners
     )
-    columns = [
-        "time_us",
-        "action",
-        "delta_bytes",
-        "category",
-        "tensor",
-        "module",
-        "phase",
-        "shape",
-        "source",
-        "stack_id",
-    ]
-    frame = pd.DataFrame(baseline + rows, columns=columns)
+    frame = pd.DataFrame(baseline + rows, columns=list(EVENT_COLUMNS))
     # Recategorize rows and frees happen in whatever phase is current: carry the last one forward.
     phase = frame["phase"].replace("", pd.NA).ffill().fillna("other")
     frame["phase"] = phase.astype(str).to_numpy()

@@ -179,6 +179,44 @@ def _live_tensor_bytes() -> int:
     return total
 
 
+def _engine_and_step(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    config: dict[str, Any],
+    *,
+    rank: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> tuple[Any, Callable[[], float]]:
+    """On a rank: the model (seeded alike on every rank) under DeepSpeed ``config``, and one
+    training step on this rank's batch (forward, ``engine.backward``, ``engine.step``)."""
+    import deepspeed
+    import torch
+
+    torch.manual_seed(0)
+    model = model_fn()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    batch = batch_fn(rank)
+    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+    inputs = inputs.to(engine.device)
+    targets = targets.to(engine.device) if targets is not None else None
+
+    def step() -> float:
+        out = engine(inputs)
+        if loss_fn is not None:
+            loss = loss_fn(out, targets)
+        elif targets is not None:
+            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
+        else:
+            loss = out.float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach())
+
+    return engine, step
+
+
 def sweep_one_on_rank(
     model_fn: Callable[[], Any],
     batch_fn: Callable[[int], Any],
@@ -194,7 +232,6 @@ def sweep_one_on_rank(
     import json
     import time
 
-    import deepspeed
     import torch
     import torch.distributed as dist
 
@@ -203,27 +240,7 @@ def sweep_one_on_rank(
     rank = dist.get_rank()
     gc.collect()
     before = 0 if torch.cuda.is_available() else _live_tensor_bytes()
-    torch.manual_seed(0)
-    model = model_fn()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    device = engine.device
-    batch = batch_fn(rank)
-    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inputs = inputs.to(device)
-    targets = targets.to(device) if targets is not None else None
-
-    def step() -> float:
-        out = engine(inputs)
-        if loss_fn is not None:
-            loss = loss_fn(out, targets)
-        elif targets is not None:
-            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
-        else:
-            loss = out.float().pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
 
     try:
         for _ in range(warmup):
@@ -505,33 +522,13 @@ def graph_breaks_one_on_rank(
 ) -> Any:
     """Build the model under ``config``, compile it with DeepSpeed's ``engine.compile``, and capture
     the graphs, breaks and recompiles of ``steps`` training steps (a GraphReport)."""
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from nbtoolkit.capture.graphs import capture_graphs
 
     torch._dynamo.reset()  # every stage compiles from scratch
-    torch.manual_seed(0)
-    model = model_fn()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    batch = batch_fn(dist.get_rank())
-    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inputs = inputs.to(engine.device)
-    targets = targets.to(engine.device) if targets is not None else None
-
-    def step() -> float:
-        out = engine(inputs)
-        if loss_fn is not None:
-            loss = loss_fn(out, targets)
-        elif targets is not None:
-            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
-        else:
-            loss = out.float().pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=dist.get_rank(), lr=lr, loss_fn=loss_fn)
 
     try:
         engine.compile(backend=backend)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Union
 import msgspec
 
 from nbtoolkit.errors import TraceError
+from nbtoolkit.model.trace import COLLECTIVE_COLUMNS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -142,16 +143,6 @@ _DECODER = msgspec.json.Decoder(_Document | list[_Event])
 _EVENTS_DECODER = msgspec.json.Decoder(list[_TaggedEvent])
 _META_DECODER = msgspec.json.Decoder(_Document)
 _CHUNK_BYTES = 4 << 20  # decompressed JSON decoded at a time: bounds the memory of the Python structs
-_COLLECTIVE_FIELDS = (
-    "collective",
-    "in_msg_nelems",
-    "out_msg_nelems",
-    "group_size",
-    "dtype",
-    "pg_name",
-    "pg_desc",
-    "pg_ranks",
-)
 
 
 def parse_profiler_step(name: str, *, source: str = "") -> int:
@@ -359,9 +350,10 @@ class _Columns:
         self.name_codes.append(_intern(list(map(_NAME, complete)), self.names))
         self.cat_codes.append(_intern(list(map(_CAT, complete)), self.cats))
         with_collective = compress(range(n), map(is_not, map(_COLLECTIVE, args), repeat(None)))
+        fields = COLLECTIVE_COLUMNS[1:]  # the frame's columns after "row" are the args we keep
         for i in with_collective:
             a = args[i]
-            row = {f: getattr(a, f) for f in _COLLECTIVE_FIELDS}
+            row = {f: getattr(a, f) for f in fields}
             row["row"] = self.rows + i
             if row["pg_ranks"] is not None:
                 row["pg_ranks"] = str(row["pg_ranks"])
