@@ -8,6 +8,7 @@ the page logged no JavaScript errors. The screenshot is kept in out/browser/ for
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -29,9 +30,10 @@ _OFFLINE_NOISE = ("net::ERR_", "Failed to load resource", "ERR_NAME_NOT_RESOLVED
 @pytest.fixture(scope="module")
 def chromium() -> str:
     if not Path(CHROMIUM).exists():
-        pytest.skip(
-            f"Debian's chromium is not installed at {CHROMIUM}: `apt-get install chromium` (make test does)"
-        )
+        message = f"Debian's chromium is not installed at {CHROMIUM}: `apt-get install chromium`"
+        if os.geteuid() == 0:  # make test installs it as root: missing here is a broken setup
+            pytest.fail(message + " (make test's setup should have installed it)")
+        pytest.skip(message + " (needs root, which make test's setup does not have here)")
     return CHROMIUM
 
 
