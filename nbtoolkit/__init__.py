@@ -41,6 +41,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "Measurement": "nbtoolkit.model.comparison",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
     "MemoryTimeline": "nbtoolkit.model.memory",
+    "RankMemory": "nbtoolkit.model.rank_memory",
     "RecomputePlan": "nbtoolkit.model.plan",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
@@ -128,6 +129,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan
+    from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.snapshot import MemorySnapshot
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.optimizations.apply import optimize

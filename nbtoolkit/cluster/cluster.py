@@ -26,6 +26,7 @@ from nbtoolkit.model._result import Result, escape
 if TYPE_CHECKING:
     from nbtoolkit.cluster.connection import Attachment
     from nbtoolkit.cluster.ranks import RankCallResult, RankGroup
+    from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.trace import Trace
 
 __all__ = ["Cluster", "ClusterStatus", "RemoteCellError", "RemoteRun", "parse_ranks"]
@@ -481,22 +482,18 @@ class Cluster(Result):
         ranks: str | int | Sequence[int] | None = None,
         on_output: OutputCallback | None = None,
         **options: Any,
-    ) -> list[Any]:
-        """:func:`nbtoolkit.memory_timeline` of the step on every rank: one MemoryTimeline per rank.
+    ) -> RankMemory:
+        """:func:`nbtoolkit.memory_timeline` of the step on every rank: a :class:`RankMemory`.
 
-        ``options`` go to ``memory_timeline`` (``steps``, ``device``); ``model`` and
-        ``optimizer`` may be given as names of variables in the ranks' namespaces.
+        The result is a sequence of one MemoryTimeline per rank, in rank order, with a
+        per-rank peak table and figure. ``options`` go to ``memory_timeline`` (``steps``,
+        ``device``); ``model`` and ``optimizer`` may be given as names of variables in the
+        ranks' namespaces.
         """
-        # Known problem: memory_timeline records Python stacks (torch.profiler with_stack=True),
-        # and that hangs a Ray rank worker (CPU-bound, holding the GIL) in torch 2.13 / Ray 2.60.
-        # Refuse clearly instead of leaving ranks stuck; profile(profile_memory=True) works.
-        if not options.pop("_allow_with_stack_hang", False):
-            raise ClusterError(
-                "memory timelines on cluster ranks are not available yet: recording Python stacks "
-                "hangs a Ray rank worker. Use cluster.profile(..., profile_memory=True) for the "
-                "allocation events of every rank, or nbt.memory_timeline locally."
-            )
-        return self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output).value_list()
+        from nbtoolkit.model.rank_memory import RankMemory
+
+        result = self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output)
+        return RankMemory(timelines={rank: result.values[rank] for rank in result.ranks})
 
     def graphs(
         self,

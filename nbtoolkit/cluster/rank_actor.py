@@ -135,6 +135,25 @@ def _remote_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
 
 
+def _let_pending_interrupt_land() -> None:
+    """Give an undelivered KeyboardInterrupt for this thread the chance to be raised, and drop it.
+
+    Python raises an exception set with ``PyThreadState_SetAsyncExc`` when the thread next
+    checks for pending work, which it does at the start of every Python function: calling
+    one delivers it, here, where it is caught.
+    """
+    # Not contextlib.suppress: its own __enter__ is a Python function entry, where the
+    # exception could land before the suppressing block is set up.
+    try:  # noqa: SIM105
+        _python_function_entry()
+    except KeyboardInterrupt:
+        pass
+
+
+def _python_function_entry() -> None:
+    """An empty Python function: entering it is where pending asynchronous exceptions land."""
+
+
 class RankActor:
     """One rank: its namespace, its process-group membership, its running cell."""
 
@@ -150,6 +169,7 @@ class RankActor:
         self._lock = threading.Lock()
         self._running_thread: int | None = None
         self._running_since: float | None = None
+        self._interrupt_sent = False  # interrupt() raised KeyboardInterrupt in the running cell
         self._cells_run = 0
         self._backend: str | None = None
         self._device = "cpu"
@@ -282,8 +302,15 @@ class RankActor:
                 with self._lock:
                     self._running_thread = None
                     self._running_since = None
-                # An interrupt that arrived as the cell ended must not hit Ray's own code.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+                    interrupt_sent, self._interrupt_sent = self._interrupt_sent, False
+                if interrupt_sent:
+                    # An interrupt sent as the cell ended must not hit Ray's own code: make it
+                    # land here. Never clear it with PyThreadState_SetAsyncExc(tid, NULL): on
+                    # CPython 3.11 that raises the interpreter's "async exception pending" flag
+                    # with no thread to consume it, and every later function entry then checks
+                    # for it; with torch's Python tracer on (profiler with_stack=True, which
+                    # memory timelines use) the worker spins at a function entry forever.
+                    _let_pending_interrupt_land()
                 sys.stdout, sys.stderr = stdout, stderr
                 self._cells_run += 1
         except KeyboardInterrupt:  # a late interrupt landed in the bookkeeping above
@@ -337,4 +364,5 @@ class RankActor:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(tid), ctypes.py_object(KeyboardInterrupt)
             )
+            self._interrupt_sent = True
         return True

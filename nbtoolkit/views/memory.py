@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.snapshot import MemorySnapshot
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "alive_at_peak_html",
     "comparison_figure",
     "module_figure",
+    "ranks_figure",
     "segment_figure",
     "timeline_figure",
 ]
@@ -383,7 +385,7 @@ def comparison_figure(
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from nbtoolkit.analysis.memory import category_series, compare_peaks, decimate
+    from nbtoolkit.analysis.memory import compare_peaks
 
     table = compare_peaks(before.events, after.events, labels=labels)
     divisor, unit = _scale(float(max(before.peak_bytes, after.peak_bytes)))
@@ -393,20 +395,9 @@ def comparison_figure(
         column_widths=[0.6, 0.4],
         subplot_titles=("total over time", "at the peak, by category"),
     )
-    for timeline, label, color in ((before, labels[0], "gray"), (after, labels[1], "seagreen")):
-        series = decimate(category_series(timeline.events), max_points=max_points)
-        figure.add_trace(
-            go.Scatter(
-                x=series["time_us"] / 1e3,
-                y=series["total"] / divisor,
-                name=label,
-                mode="lines",
-                line={"color": color},
-                hovertemplate=f"{label}: %{{y:.2f}} {unit}<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+    _add_total_lines(
+        figure, [(before, labels[0], "gray"), (after, labels[1], "seagreen")], divisor, unit, max_points
+    )
     for label, color in ((labels[0], "gray"), (labels[1], "seagreen")):
         figure.add_trace(
             go.Bar(
@@ -423,6 +414,75 @@ def comparison_figure(
     figure.update_yaxes(title_text=f"allocated ({unit})", row=1, col=1)
     figure.update_layout(barmode="group", template="plotly_white", height=420, margin={"t": 50})
     return figure
+
+
+def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
+    """Total allocated bytes of each rank over its own time, and each rank's peak stacked by category."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    table = memory.peaks()
+    divisor, unit = _scale(float(table["peak_bytes"].max()) if len(table) else 0.0)
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.6, 0.4],
+        subplot_titles=("total over time, per rank", "each rank's peak, by category"),
+    )
+    palette = qualitative.D3
+    _add_total_lines(
+        figure,
+        [(memory.timeline(r), f"rank {r}", palette[i % len(palette)]) for i, r in enumerate(memory.ranks)],
+        divisor,
+        unit,
+        max_points,
+    )
+    ranks = [f"rank {r}" for r in table["rank"]]
+    for category in table.columns[3:]:
+        figure.add_trace(
+            go.Bar(
+                x=ranks,
+                y=table[category] / divisor,
+                name=str(category),
+                marker={"color": CATEGORY_COLORS.get(str(category), "grey")},
+                hovertemplate=f"%{{x}} {escape(category)}: %{{y:.2f}} {unit}<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
+    figure.update_xaxes(title_text="time (ms)", row=1, col=1)
+    figure.update_yaxes(title_text=f"allocated ({unit})", row=1, col=1)
+    figure.update_layout(barmode="stack", template="plotly_white", height=420, margin={"t": 50})
+    return figure
+
+
+def _add_total_lines(
+    figure: go.Figure,
+    runs: list[tuple[MemoryTimeline, str, str]],
+    divisor: float,
+    unit: str,
+    max_points: int,
+) -> None:
+    """One line per (timeline, label, color): total allocated bytes over time, in the first subplot."""
+    import plotly.graph_objects as go
+
+    from nbtoolkit.analysis.memory import category_series, decimate
+
+    for timeline, label, color in runs:
+        series = decimate(category_series(timeline.events), max_points=max_points)
+        figure.add_trace(
+            go.Scatter(
+                x=series["time_us"] / 1e3,
+                y=series["total"] / divisor,
+                name=escape(label),
+                mode="lines",
+                line={"color": color},
+                hovertemplate=f"{escape(label)}: %{{y:.2f}} {unit}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
 
 
 def _figure_size_bytes(figure: Any) -> int:

@@ -242,6 +242,68 @@ def test_step_metrics_come_back_from_every_rank(cluster) -> None:
     assert len(metrics_frame(results, label="rank")) == 2
 
 
+_MEMORY_SETUP = """
+import torch
+mem_model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128))
+mem_opt = torch.optim.SGD(mem_model.parameters(), lr=0.01, momentum=0.9)
+"""
+_MEMORY_STEP = """
+for i in range(2):
+    print('step', i)
+    mem_opt.zero_grad()
+    mem_model(torch.randn(512 * (rank + 1), 128)).sum().backward()  # rank 1: twice the batch
+    mem_opt.step()
+"""
+
+
+def test_memory_timelines_of_every_rank_after_an_interrupt_with_output_streaming(
+    cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The magic's path: output streams while each rank records its timeline with stacks.
+
+    An interrupted cell comes first on purpose: ranks once cleared interrupts in a way that
+    left torch's Python tracer (which memory timelines use) spinning forever afterwards.
+    """
+    import _thread
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.model.rank_memory import RankMemory
+
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(RemoteCellError, match="interrupted"):
+            cluster.run("import time\nwhile True:\n    time.sleep(0.02)")
+    finally:
+        timer.cancel()
+    cluster.run(_MEMORY_SETUP)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbtoolkit")
+    try:
+        started = time.monotonic()
+        result = shell.run_cell_magic(
+            "nbt", "remote --memory --model mem_model --optimizer mem_opt --name per_rank", _MEMORY_STEP
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        shell.run_line_magic("unload_ext", "nbtoolkit")
+    out = capsys.readouterr().out
+    assert "[rank 0] step 1" in out and "[rank 1] step 1" in out
+    assert elapsed < 60
+    assert isinstance(result, RankMemory) and shell.user_ns["per_rank"] is result
+    assert result.ranks == [0, 1]
+    table = result.peaks().set_index("rank")
+    parameter_bytes = 4 * (128 * 256 + 256 + 256 * 128 + 128)
+    assert table.loc[0, "parameter"] == parameter_bytes == table.loc[1, "parameter"]
+    assert table.loc[0, "optimizer_state"] == parameter_bytes  # one momentum buffer per parameter
+    assert table.loc[1, "activation"] > table.loc[0, "activation"] > 0
+    assert result.imbalance() > 1
+    assert result.reading().startswith("rank 1 peaks highest")
+    assert all(set(t.by_phase()["phase"]) >= {"forward", "backward", "optimizer"} for t in result)
+
+
 def test_status_shows_every_rank(cluster) -> None:
     status = cluster.status()
     assert [row["rank"] for row in status.rows] == [0, 1]
