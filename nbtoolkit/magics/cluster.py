@@ -12,7 +12,7 @@ _ACTIONS = ("start", "connect", "status", "stop", "restart")
 def _cluster(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.errors import NbtUsageError
-    from nbtoolkit.views.cluster import DelayedProgress
+    from nbtoolkit.views.progress import DelayedProgress
 
     action, rest = args.action, args.target
     if action == "start":
@@ -51,7 +51,7 @@ def _cluster(args: Any, call: MagicCall) -> Any:
 def _remote(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.cluster.output import RankPrefixedPrinter
-    from nbtoolkit.views.cluster import DelayedProgress
+    from nbtoolkit.views.progress import DelayedProgress
 
     cluster = Cluster.current()
     printer = RankPrefixedPrinter()

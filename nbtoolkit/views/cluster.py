@@ -1,4 +1,4 @@
-"""Views of the cluster: status table, per-rank cell results, the ZeRO sweep chart, a delayed progress line.
+"""Views of the cluster: status table, per-rank cell results, the ZeRO sweep chart.
 
 All text that came from the ranks (values, tracebacks, hostnames) is escaped.
 Plotly is imported inside the functions that build figures.
@@ -6,9 +6,6 @@ Plotly is imported inside the functions that build figures.
 
 from __future__ import annotations
 
-import threading
-import time
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._result import escape
@@ -16,7 +13,7 @@ from nbtoolkit.model._result import escape
 if TYPE_CHECKING:
     from nbtoolkit.cluster.cluster import ClusterStatus, RemoteRun
 
-__all__ = ["DelayedProgress", "remote_run_html", "status_html", "sweep_figure"]
+__all__ = ["remote_run_html", "status_html", "sweep_figure"]
 
 _STATE_COLOURS = {
     "idle": "#2e7d32",
@@ -109,68 +106,3 @@ def sweep_figure(table: Any, *, title: str = "ZeRO configurations") -> Any:
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="MB", row=1, col=2)
     return fig
-
-
-class DelayedProgress:
-    """A one-line progress note ("starting 2 ranks… 4 s") shown only if the work takes > ``delay_s``.
-
-    Runs in a background thread and updates one display (IPython display handle); outside
-    IPython it shows nothing. Used by the magics around slow cluster calls.
-    """
-
-    def __init__(self, message: str, *, delay_s: float = 1.0, every_s: float = 0.5) -> None:
-        self.message = message
-        self.delay_s = delay_s
-        self.every_s = every_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._handle: Any = None
-        self._started = 0.0
-
-    def __enter__(self) -> DelayedProgress:
-        try:
-            from IPython import get_ipython
-
-            shell = get_ipython()
-        except ImportError:  # no IPython: nothing to show
-            shell = None
-        if shell is not None and getattr(shell, "kernel", None) is not None:
-            self._started = time.monotonic()
-            self._thread = threading.Thread(target=self._loop, name="nbt-progress", daemon=True)
-            self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        from IPython.display import display
-
-        if self._stop.wait(self.delay_s):
-            return
-        self._handle = display(_Line(self._line()), display_id=True)
-        while not self._stop.wait(self.every_s):
-            self._handle.update(_Line(self._line()))
-
-    def _line(self) -> str:
-        return f"{self.message}… {time.monotonic() - self._started:.0f} s"
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-        if self._handle is not None:
-            elapsed = time.monotonic() - self._started
-            self._handle.update(
-                _Line(f"{self.message}: {'done' if exc is None else 'stopped'} in {elapsed:.1f} s")
-            )
-
-
-class _Line:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_html_(self) -> str:
-        return f"<span style='color:#555'>{escape(self.text)}</span>"
