@@ -95,8 +95,25 @@ class GraphReport(Result):
 
     @property
     def compile_failures(self) -> pd.DataFrame:
-        """The failures that are not restarts (the compile raised, e.g. BackendCompilerFailed)."""
-        return self.failures[self.failures["failure_type"] != "RestartAnalysis"]
+        """The failures where compiling went wrong (e.g. BackendCompilerFailed): not restarts.
+
+        A graph break first aborts its compile attempt with ``Unsupported`` and then Dynamo
+        restarts the analysis to compile the graph up to the break. torch logs that attempt
+        as a failure (tlparse lists it, and ``failures`` keeps it), but nothing failed for
+        the user: the break is in ``breaks``. So an ``Unsupported`` failure of a compile id
+        that also restarted is not counted here.
+        """
+        import numpy as np
+
+        failures = self.failures
+        if failures.empty:
+            return failures
+        is_restart = (failures["failure_type"] == "RestartAnalysis").to_numpy()
+        attempt = list(zip(failures["rank"], failures["compile_id"], strict=True))  # ids repeat across ranks
+        restarted = {a for a, restart in zip(attempt, is_restart, strict=True) if restart}
+        of_a_restart = np.array([a in restarted for a in attempt], dtype=bool)
+        break_attempt = (failures["failure_type"] == "Unsupported").to_numpy() & of_a_restart
+        return failures[~is_restart & ~break_attempt]
 
     def break_summary(self) -> pd.DataFrame:
         """One row per distinct break (type + user location), counted, ranked by measured cost.

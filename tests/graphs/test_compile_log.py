@@ -201,3 +201,30 @@ def test_loading_a_damaged_saved_report_names_the_file(logs: Path, tmp_path: Pat
         nbt.GraphReport.load(folder)
     with pytest.raises(nbt.NbtUsageError, match=r"report\.json"):
         nbt.GraphReport.load(tmp_path)
+
+
+def test_a_graph_break_attempt_is_a_restart_not_a_compile_failure() -> None:
+    """torch logs the attempt a graph break aborted as ``Unsupported`` (tlparse lists it);
+    the headline counts it as a restart, and a real failure on another rank still counts."""
+    import pandas as pd
+
+    from nbtoolkit.model.graphs import GraphReport
+
+    failures = pd.DataFrame(
+        [
+            (0, "0/0", "RestartAnalysis", "Unsupported Tensor.item() call", None),
+            (0, "0/0", "Unsupported", "Unsupported Tensor.item() call", "model.py:25"),
+            (1, "0/0", "Unsupported", "a frame that failed without restarting", "model.py:9"),
+            (1, "1/0", "BackendCompilerFailed", "broken backend", "N/A:0"),
+        ],
+        columns=["rank", "compile_id", "failure_type", "description", "source"],
+    )
+    none = pd.DataFrame()
+    report = GraphReport(graphs=none, breaks=none, recompiles=none, failures=failures, compiles=none)
+    assert report.restarts == 1
+    counted = report.compile_failures
+    assert list(zip(counted["rank"], counted["failure_type"], strict=True)) == [
+        (1, "Unsupported"),
+        (1, "BackendCompilerFailed"),
+    ]
+    assert len(report.failures) == 4  # tlparse's table keeps every row
