@@ -100,6 +100,7 @@ class RemoteRun(Result):
                 self.errors[rank] = str(outcome["error"])
         self.dead = {f.rank: f.cause for f in raw.dead}
         self.stuck = list(raw.stuck)
+        self.freed = list(raw.freed)
         self.interrupted = raw.interrupted
 
     @property
@@ -120,6 +121,13 @@ class RemoteRun(Result):
             parts.append(
                 deaths + ". Its process is gone and the process group is broken: run "
                 "cluster.restart() (or `%nbt cluster restart`) for fresh ranks"
+            )
+        if self.freed:
+            parts.append(
+                f"{_rank_label(self.freed)} kept waiting in a collective for ranks that had stopped; "
+                "nbtoolkit closed the process group to free it and formed a new one. Every rank kept "
+                "its variables, but objects built on the old group (DDP models, DeepSpeed engines, "
+                "subgroups) must be built again"
             )
         if self.stuck:
             parts.append(

@@ -12,8 +12,9 @@ actor (``ray.remote(...)(RankActor)``) with two concurrency groups:
 Interrupting raises ``KeyboardInterrupt`` in the cell's thread with
 ``PyThreadState_SetAsyncExc``: Python delivers it at the next bytecode, so a cell looping
 in Python (or sleeping in short steps) stops at once; a cell blocked inside one long C call
-(a collective waiting for a peer) stops when that call returns, at the latest when the
-collective timeout set on the process group expires.
+stops when that call returns. For the common case, a collective waiting for peers that
+did stop, the notebook side closes the process group on those peers, which ends the wait
+at once, and forms a new group (:meth:`nbtoolkit.cluster.ranks.RankGroup.call`).
 
 This module imports neither ray nor torch at import time: Ray imports it on each worker.
 """
@@ -21,6 +22,7 @@ This module imports neither ray nor torch at import time: Ray imports it on each
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import io
 import os
@@ -217,6 +219,9 @@ class RankActor:
         if backend == "nccl":
             torch.cuda.set_device(0)
             self._device = "cuda:0"
+        if dist.is_initialized():  # forming a new group after the old one was closed or broke
+            with contextlib.suppress(Exception):  # whatever state the old group is in, leave it
+                dist.destroy_process_group()
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{master_addr}:{master_port}",

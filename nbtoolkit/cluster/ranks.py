@@ -10,7 +10,9 @@ duties while it waits:
   short grace to fail on their own (gloo notices a closed peer at once; otherwise the
   collective timeout applies), interrupt those still running, and report which rank died
   and why;
-- forward Ctrl-C: ``KeyboardInterrupt`` in the notebook interrupts the call on every rank.
+- forward Ctrl-C: ``KeyboardInterrupt`` in the notebook interrupts the call on every rank;
+  a rank still blocked in a collective after that is freed by closing the process group
+  on the ranks that stopped, and all ranks then join a new group.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class RankCallResult:
     outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> outcome dict
     dead: list[RankFailure] = field(default_factory=list)
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop when asked
+    freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
     interrupted: bool = False
 
 
@@ -154,24 +157,31 @@ class RankGroup:
             ).remote(rank, world_size)
             for rank in range(world_size)
         ]
+        self._start_timeout_s = start_timeout_s
         try:
             infos = self._get([a.node_info.remote() for a in self.actors], start_timeout_s, "start")
             self.ranks = [
                 RankInfo(rank=r, pid=i["pid"], host=i["host"], ip=i["ip"], gpu_ids=i["gpu_ids"])
                 for r, i in enumerate(infos)
             ]
-            master_addr, master_port = infos[0]["ip"], infos[0]["free_port"]
-            self._get(
-                [
-                    a.setup_process_group.remote(master_addr, master_port, self.backend, collective_timeout_s)
-                    for a in self.actors
-                ],
-                start_timeout_s,
-                "join the torch.distributed group",
-            )
+            self._form_process_group(infos[0])
         except BaseException:
             self.kill()
             raise
+
+    def _form_process_group(self, rank0_info: dict[str, Any]) -> None:
+        """Every rank joins one torch.distributed group; rendezvous on rank 0's node and free port."""
+        master_addr, master_port = rank0_info["ip"], rank0_info["free_port"]
+        self._get(
+            [
+                a.setup_process_group.remote(
+                    master_addr, master_port, self.backend, self.collective_timeout_s
+                )
+                for a in self.actors
+            ],
+            self._start_timeout_s,
+            "join the torch.distributed group",
+        )
         self.master = f"{master_addr}:{master_port}"
 
     def _get(self, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
@@ -216,6 +226,8 @@ class RankGroup:
             result.interrupted = True
             self._interrupt([refs[ref] for ref in refs if refs[ref] not in result.outcomes])
             self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
+            if result.stuck and not result.dead:
+                self._free_stuck(refs, result, on_output)
         finally:
             for r in ranks:
                 if self.ranks[r].state == "busy":
@@ -274,6 +286,51 @@ class RankGroup:
             rank = refs[ref]
             result.stuck.append(rank)
             self.ranks[rank].state, self.ranks[rank].cause = "broken", "did not stop when interrupted"
+        if on_output is not None:
+            self._flush_outcomes(result, on_output)
+
+    def _free_stuck(
+        self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None
+    ) -> None:
+        """Free the ranks an interrupt could not stop, then give every rank a fresh process group.
+
+        A rank that does not stop when interrupted is nearly always blocked in a collective
+        whose peers did stop (the interrupt reached them in Python code). Gloo fails such a
+        wait at once when a peer closes its connections ("Connection closed by peer"), so
+        the ranks that stopped leave the process group; the blocked ranks' cells then end
+        and all ranks join a new group, keeping their namespaces. (Gloo's own ``abort()`` on
+        the blocked rank does not end the wait: measured, it returned only when the peer
+        exited.) A rank blocked in something else, such as one long C call, stays stuck.
+        """
+        import ray
+
+        stuck = list(result.stuck)
+        others = [r for r in range(self.world_size) if r not in stuck and self.ranks[r].state != "dead"]
+        with contextlib.suppress(ClusterError):
+            self._get(
+                [self.actors[r].shutdown_group.remote() for r in others],
+                _INTERRUPT_GRACE_S,
+                "leave the process group",
+            )
+        pending = {ref: rank for ref, rank in refs.items() if rank in stuck}
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
+        for ref in ready:
+            self._collect(ref, pending[ref], result)
+        freed = [pending[ref] for ref in ready if pending[ref] in result.outcomes]
+        result.stuck = [r for r in stuck if r not in freed]
+        if result.stuck:
+            label = ", ".join(str(r) for r in result.stuck)
+            for r in others + freed:
+                self.ranks[r].state = "broken"
+                self.ranks[r].cause = f"its process group was closed to free rank {label}, which stayed stuck"
+        else:
+            rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a free port")[
+                0
+            ]
+            self._form_process_group(rank0)
+            for r in others + freed:
+                self.ranks[r].state, self.ranks[r].cause = "idle", None
+            result.freed = freed
         if on_output is not None:
             self._flush_outcomes(result, on_output)
 

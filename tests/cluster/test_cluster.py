@@ -187,6 +187,39 @@ def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster) -> None:
     assert cluster.run("rank") == [0, 1]  # both ranks took new work at once
 
 
+def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(cluster) -> None:
+    """Rank 0 waits in all_reduce for rank 1, which loops in Python: the interrupt stops rank 1
+    at once but cannot reach rank 0 inside the collective. Closing the group on rank 1 ends
+    rank 0's wait; a new group is formed and both ranks keep their variables."""
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    cluster.run("kept = rank * 10")
+    cell = (
+        "import time\n"
+        "if rank == 0:\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+        "else:\n"
+        "    while True:\n"
+        "        time.sleep(0.02)"
+    )
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(RemoteCellError) as info:
+            cluster.run(cell)
+    finally:
+        timer.cancel()
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "rank 0 kept waiting in a collective" in message and "formed a new one" in message
+    assert elapsed < 30, f"took {elapsed:.1f} s; the collective timeout is 60 s"
+    assert [row["info"].state for row in cluster._live_group().states()] == ["idle", "idle"]
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(0, 2.0), (10, 2.0)]
+
+
 def test_profile_gathers_one_trace_per_rank(cluster) -> None:
     def step() -> float:
         import torch
