@@ -382,93 +382,59 @@ def comparison_figure(
     max_points: int = 3000,
 ) -> go.Figure:
     """Total allocated bytes of two runs over their own time, and bytes at the peak by category."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     from nbtoolkit.analysis.memory import compare_peaks
 
     table = compare_peaks(before.events, after.events, labels=labels)
-    divisor, unit = _scale(float(max(before.peak_bytes, after.peak_bytes)))
-    figure = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.6, 0.4],
-        subplot_titles=("total over time", "at the peak, by category"),
+    colors = ("gray", "seagreen")
+    return _totals_and_peaks_figure(
+        runs=[(before, labels[0], colors[0]), (after, labels[1], colors[1])],
+        bars=[
+            (list(table["category"]), table[f"{label}_bytes"], f"{label} at peak", color)
+            for label, color in zip(labels, colors, strict=True)
+        ],
+        titles=("total over time", "at the peak, by category"),
+        barmode="group",
+        max_points=max_points,
     )
-    _add_total_lines(
-        figure, [(before, labels[0], "gray"), (after, labels[1], "seagreen")], divisor, unit, max_points
-    )
-    for label, color in ((labels[0], "gray"), (labels[1], "seagreen")):
-        figure.add_trace(
-            go.Bar(
-                x=table["category"],
-                y=table[f"{label}_bytes"] / divisor,
-                name=f"{label} at peak",
-                marker={"color": color},
-                hovertemplate=f"{label} %{{x}}: %{{y:.2f}} {unit}<extra></extra>",
-            ),
-            row=1,
-            col=2,
-        )
-    figure.update_xaxes(title_text="time (ms)", row=1, col=1)
-    figure.update_yaxes(title_text=f"allocated ({unit})", row=1, col=1)
-    figure.update_layout(barmode="group", template="plotly_white", height=420, margin={"t": 50})
-    return figure
 
 
 def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
     """Total allocated bytes of each rank over its own time, and each rank's peak stacked by category."""
-    import plotly.graph_objects as go
     from plotly.colors import qualitative
-    from plotly.subplots import make_subplots
 
     table = memory.peaks()
-    divisor, unit = _scale(float(table["peak_bytes"].max()) if len(table) else 0.0)
-    figure = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.6, 0.4],
-        subplot_titles=("total over time, per rank", "each rank's peak, by category"),
-    )
     palette = qualitative.D3
-    _add_total_lines(
-        figure,
-        [(memory.timeline(r), f"rank {r}", palette[i % len(palette)]) for i, r in enumerate(memory.ranks)],
-        divisor,
-        unit,
-        max_points,
-    )
     ranks = [f"rank {r}" for r in table["rank"]]
-    for category in table.columns[3:]:
-        figure.add_trace(
-            go.Bar(
-                x=ranks,
-                y=table[category] / divisor,
-                name=str(category),
-                marker={"color": CATEGORY_COLORS.get(str(category), "grey")},
-                hovertemplate=f"%{{x}} {escape(category)}: %{{y:.2f}} {unit}<extra></extra>",
-            ),
-            row=1,
-            col=2,
-        )
-    figure.update_xaxes(title_text="time (ms)", row=1, col=1)
-    figure.update_yaxes(title_text=f"allocated ({unit})", row=1, col=1)
-    figure.update_layout(barmode="stack", template="plotly_white", height=420, margin={"t": 50})
-    return figure
+    return _totals_and_peaks_figure(
+        runs=[
+            (memory.timeline(r), f"rank {r}", palette[i % len(palette)]) for i, r in enumerate(memory.ranks)
+        ],
+        bars=[
+            (ranks, table[category], str(category), CATEGORY_COLORS.get(str(category), "grey"))
+            for category in table.columns[3:]
+        ],
+        titles=("total over time, per rank", "each rank's peak, by category"),
+        barmode="stack",
+        max_points=max_points,
+    )
 
 
-def _add_total_lines(
-    figure: go.Figure,
+def _totals_and_peaks_figure(
+    *,
     runs: list[tuple[MemoryTimeline, str, str]],
-    divisor: float,
-    unit: str,
+    bars: list[tuple[list[str], Any, str, str]],
+    titles: tuple[str, str],
+    barmode: str,
     max_points: int,
-) -> None:
-    """One line per (timeline, label, color): total allocated bytes over time, in the first subplot."""
+) -> go.Figure:
+    """Total bytes over time per run (timeline, label, color) beside bars (x, bytes, name, color)."""
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     from nbtoolkit.analysis.memory import category_series, decimate
 
+    divisor, unit = _scale(float(max((t.peak_bytes for t, _, _ in runs), default=0)))
+    figure = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], subplot_titles=titles)
     for timeline, label, color in runs:
         series = decimate(category_series(timeline.events), max_points=max_points)
         figure.add_trace(
@@ -483,6 +449,22 @@ def _add_total_lines(
             row=1,
             col=1,
         )
+    for x, values, name, color in bars:
+        figure.add_trace(
+            go.Bar(
+                x=x,
+                y=values / divisor,
+                name=escape(name),
+                marker={"color": color},
+                hovertemplate=f"%{{x}} {escape(name)}: %{{y:.2f}} {unit}<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
+    figure.update_xaxes(title_text="time (ms)", row=1, col=1)
+    figure.update_yaxes(title_text=f"allocated ({unit})", row=1, col=1)
+    figure.update_layout(barmode=barmode, template="plotly_white", height=420, margin={"t": 50})
+    return figure
 
 
 def _figure_size_bytes(figure: Any) -> int:
