@@ -95,25 +95,49 @@ class GraphReport(Result):
 
     @property
     def compile_failures(self) -> pd.DataFrame:
-        """The failures where compiling went wrong (e.g. BackendCompilerFailed): not restarts.
+        """The failures where compiling itself went wrong (e.g. BackendCompilerFailed, a crash).
 
-        A graph break first aborts its compile attempt with ``Unsupported`` and then Dynamo
-        restarts the analysis to compile the graph up to the break. torch logs that attempt
-        as a failure (tlparse lists it, and ``failures`` keeps it), but nothing failed for
-        the user: the break is in ``breaks``. So an ``Unsupported`` failure of a compile id
-        that also restarted is not counted here.
+        Not restarts, and not ``Unsupported``: that is Dynamo's graph-break exception. torch
+        logs the compile attempt a break aborted as a failure (tlparse lists it, and
+        ``failures`` keeps it), but nothing failed for the user: the break is in ``breaks``,
+        and a frame Dynamo gave up on because of it is in :attr:`frames_given_up`.
+        """
+        failures = self.failures
+        if failures.empty:
+            return failures
+        return failures[~failures["failure_type"].isin(["RestartAnalysis", "Unsupported"])]
+
+    @property
+    def frames_given_up(self) -> pd.DataFrame:
+        """Compile attempts a graph break ended without a partial graph: the frame runs eagerly.
+
+        Dynamo usually restarts after a break and compiles the frame up to it; when the break
+        sits where it cannot (in a loop, or inside a nested call), it skips the whole frame,
+        and only the functions that frame calls get compiled on their own. Rows of
+        ``failures`` with ``failure_type`` ``Unsupported`` whose attempt did not restart, plus
+        ``frame``: the skipped function and its place, from ``compiles``.
         """
         import numpy as np
 
         failures = self.failures
         if failures.empty:
-            return failures
+            return failures.assign(frame=[])
         is_restart = (failures["failure_type"] == "RestartAnalysis").to_numpy()
         attempt = list(zip(failures["rank"], failures["compile_id"], strict=True))  # ids repeat across ranks
         restarted = {a for a, restart in zip(attempt, is_restart, strict=True) if restart}
-        of_a_restart = np.array([a in restarted for a in attempt], dtype=bool)
-        break_attempt = (failures["failure_type"] == "Unsupported").to_numpy() & of_a_restart
-        return failures[~is_restart & ~break_attempt]
+        not_restarted = np.array([a not in restarted for a in attempt], dtype=bool)
+        given_up = failures[(failures["failure_type"] == "Unsupported").to_numpy() & not_restarted]
+        frames: dict[tuple[Any, Any], str] = {}
+        if not self.compiles.empty:
+            c = self.compiles
+            frames = {
+                (rank, cid): f"{function} ({file}:{line})"
+                for rank, cid, function, file, line in zip(
+                    c["rank"], c["compile_id"], c["function"], c["file"], c["line"], strict=True
+                )
+            }
+        keys = zip(given_up["rank"], given_up["compile_id"], strict=True)
+        return given_up.assign(frame=[frames.get(key, "?") for key in keys])
 
     def break_summary(self) -> pd.DataFrame:
         """One row per distinct break (type + user location), counted, ranked by measured cost.
@@ -233,6 +257,8 @@ class GraphReport(Result):
             ("compile failures", f"{len(self.compile_failures)}"),
             ("compile time", _seconds(self.compile_time_s)),
         ]
+        if not self.frames_given_up.empty:
+            rows.insert(5, ("frames run eagerly after a break", f"{len(self.frames_given_up)}"))
         if self.ranks:
             rows.insert(0, ("ranks", ", ".join(str(r) for r in self.ranks)))
         if self.first_call_s is not None:
@@ -274,6 +300,11 @@ class GraphReport(Result):
                 if isinstance(row.source_line, str) and row.source_line:
                     lines.append(f"        {row.source_line}")
                 lines.append(f"        fix: {_first_sentence(row.fix)}")
+        if not self.frames_given_up.empty:
+            lines.append("  frames run eagerly after a break (Dynamo gave up; calls inside may compile):")
+            for row in self.frames_given_up.head(5).itertuples(index=False):
+                first = str(row.description).splitlines()[0] if row.description else ""
+                lines.append(f"    [{row.compile_id}] {row.frame}, after the break at {row.source}: {first}")
         if not self.compile_failures.empty:
             lines.append("  compile failures:")
             for row in self.compile_failures.head(5).itertuples(index=False):
@@ -315,6 +346,9 @@ class GraphReport(Result):
             ]
             parts.append("<h5>Graph breaks, most costly first</h5>")
             parts.append(html_table(summary[cols]))
+        if not self.frames_given_up.empty:
+            parts.append("<h5>Frames run eagerly after a break</h5>")
+            parts.append(html_table(self.frames_given_up[["compile_id", "frame", "source", "description"]]))
         if not self.compile_failures.empty:
             parts.append("<h5>Compile failures</h5>")
             parts.append(
@@ -357,6 +391,11 @@ class GraphComparison(Result):
             ("graph breaks", len(self.before.breaks), len(self.after.breaks)),
             ("distinct breaks", len(self.before.break_summary()), len(self.after.break_summary())),
             ("recompiles", len(self.before.recompiles), len(self.after.recompiles)),
+            (
+                "frames run eagerly after a break",
+                len(self.before.frames_given_up),
+                len(self.after.frames_given_up),
+            ),
             ("compile failures", len(self.before.compile_failures), len(self.after.compile_failures)),
             ("compile time (s)", self.before.compile_time_s, self.after.compile_time_s),
             ("step time compiled (s)", self.before.step_time_s, self.after.step_time_s),
