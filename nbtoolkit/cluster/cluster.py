@@ -544,6 +544,48 @@ class Cluster(Result):
             raise NbtUsageError(f"cannot pull {name!r}: give a variable name")
         return self.run(name, ranks=ranks)
 
+    # ---- files ----
+    def fetch(
+        self,
+        pattern: str,
+        *,
+        into: str | Path | None = None,
+        ranks: str | int | Sequence[int] | None = None,
+        max_bytes: int = 1 << 30,
+    ) -> list[Path]:
+        """Copy the files matching ``pattern`` on each rank into a folder of the notebook's machine.
+
+        For what the ranks wrote themselves: profiler traces, CUDA memory snapshots,
+        ``TORCH_TRACE`` compile logs. ``{rank}`` in the pattern becomes each rank's number
+        (ranks of a local cluster share one file system), ``~`` is expanded and ``**``
+        matches folders recursively. Each file lands as ``rank<N>-<name>`` in ``into`` (a new
+        temporary folder by default), so ``nbt.load_trace(folder)`` and
+        ``nbt.load_compile_log(folder)`` see one rank per file. At most ``max_bytes`` per rank.
+        Returns the local paths, sorted.
+        """
+        from nbtoolkit.cluster.rank_tools import read_matching_files
+
+        result = self.execute(read_matching_files, args=(pattern, max_bytes), ranks=ranks)
+        result.raise_for_errors()
+        if not any(result.values.get(rank) for rank in result.ranks):
+            raise ClusterError(
+                f"no file matches {pattern!r} on {_rank_label(result.ranks)}: check the path on the ranks "
+                "(use {rank} for a per-rank name, ** to search folders)"
+            )
+        folder = Path(into).expanduser() if into is not None else Path(tempfile.mkdtemp(prefix="nbt-fetch-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        for rank in result.ranks:
+            for remote_path, data in (result.values.get(rank) or {}).items():
+                target = folder / f"rank{rank}-{Path(remote_path).name}"
+                copy = 1
+                while target in written:  # same file name in two folders of one rank
+                    copy += 1
+                    target = folder / f"rank{rank}-{copy}-{Path(remote_path).name}"
+                target.write_bytes(data)
+                written.append(target)
+        return sorted(written)
+
     # ---- status and lifecycle ----
     def status(self) -> ClusterStatus:
         """Each rank's state (idle, busy, dead, broken), pid, node and device; asks the ranks live."""

@@ -12,7 +12,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["capture_graphs_on_rank", "memory_timeline_on_rank", "profile_to_bytes", "step_metrics_on_rank"]
+__all__ = [
+    "capture_graphs_on_rank",
+    "memory_timeline_on_rank",
+    "profile_to_bytes",
+    "read_matching_files",
+    "step_metrics_on_rank",
+]
 
 
 def profile_to_bytes(
@@ -87,3 +93,28 @@ def step_metrics_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
     from nbtoolkit.capture.step_metrics import step_metrics
 
     return step_metrics(step, **kwargs)
+
+
+def read_matching_files(pattern: str, max_bytes: int) -> dict[str, bytes]:
+    """The files matching ``pattern`` on this rank, by path (``{rank}`` in it is this rank).
+
+    ``~`` is expanded and ``**`` matches folders recursively. Refuses, naming the count and
+    size, when the files add up to more than ``max_bytes``: a pattern that is too wide should
+    not fill the notebook's memory.
+    """
+    import glob
+
+    rank = os.environ.get("RANK", "0")
+    expanded = os.path.expanduser(pattern.replace("{rank}", rank))
+    paths = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+    total = sum(os.path.getsize(p) for p in paths)
+    if total > max_bytes:
+        raise ValueError(
+            f"{len(paths)} files match {expanded!r} on rank {rank}, {total / 2**20:,.1f} MiB in all, "
+            f"more than max_bytes ({max_bytes / 2**20:,.1f} MiB): narrow the pattern or raise max_bytes"
+        )
+    files = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            files[path] = f.read()
+    return files

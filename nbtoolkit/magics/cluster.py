@@ -1,4 +1,4 @@
-"""``%nbt cluster ...``, ``%%nbt remote``, ``%nbt pull``, ``%nbt push``: thin calls of nbt.Cluster."""
+"""The cluster magics (`%nbt cluster`, `%%nbt remote`, pull, push, fetch): thin calls of nbt.Cluster."""
 
 from __future__ import annotations
 
@@ -125,6 +125,30 @@ register(
             Argument("--optimizer", default=None, help="with --memory: the optimizer's variable name"),
         ),
         handler=_remote,
+    )
+)
+
+def _fetch(args: Any, call: MagicCall) -> Any:
+    from nbtoolkit.cluster.cluster import Cluster
+
+    paths = Cluster.current().fetch(args.pattern, into=args.to, ranks=args.ranks)
+    size = sum(path.stat().st_size for path in paths)
+    files = f"{len(paths)} file" + ("s" if len(paths) != 1 else "")
+    print(f"fetched {files} ({size / 2**20:,.1f} MiB) into {paths[0].parent}")
+    return paths
+
+
+register(
+    Subcommand(
+        name="fetch",
+        summary="copy files the ranks wrote (traces, snapshots, compile logs) into a local folder",
+        mode="line",
+        arguments=(
+            Argument("pattern", help="a path or glob on the ranks; {rank} becomes each rank's number"),
+            Argument("--to", default=None, help="local folder (default: a new temporary folder)"),
+            Argument("--ranks", default=None, help="which ranks (default: all)"),
+        ),
+        handler=_fetch,
     )
 )
 

@@ -337,6 +337,49 @@ def test_memory_timelines_of_every_rank_after_an_interrupt_with_output_streaming
     assert all(set(t.by_phase()["phase"]) >= {"forward", "backward", "optimizer"} for t in result)
 
 
+def test_fetch_brings_back_the_files_ranks_wrote_and_they_load_as_one_trace(
+    cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbtoolkit as nbt
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    written = tmp_path / "on_ranks"  # a local cluster's ranks share this file system
+    cluster.run(
+        "import os\n"
+        "from torch.profiler import profile\n"
+        "with profile() as prof:\n"
+        "    dist.all_reduce(torch.ones(256))\n"
+        "    (torch.randn(64, 64) @ torch.randn(64, 64)).sum()\n"
+        f"os.makedirs({str(written)!r}, exist_ok=True)\n"
+        f"prof.export_chrome_trace(os.path.join({str(written)!r}, f'trace_{{rank}}.json'))"
+    )
+    local = tmp_path / "fetched"
+    paths = cluster.fetch(str(written / "trace_{rank}.json"), into=local)
+    assert [p.name for p in paths] == ["rank0-trace_0.json", "rank1-trace_1.json"]
+    assert all(p.parent == local and p.stat().st_size > 0 for p in paths)
+    trace = nbt.load_trace(local)
+    assert trace.ranks == [0, 1]
+    assert all(trace.info[r].world_size == 2 for r in trace.ranks)
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbtoolkit")
+    try:
+        one = shell.run_line_magic(
+            "nbt", f"fetch {written}/trace_{{rank}}.json --to {tmp_path / 'm'} --ranks 1"
+        )
+    finally:
+        shell.run_line_magic("unload_ext", "nbtoolkit")
+    assert [p.name for p in one] == ["rank1-trace_1.json"]
+    assert "fetched 1 file (" in capsys.readouterr().out
+
+    with pytest.raises(ClusterError, match="no file matches"):
+        cluster.fetch(str(tmp_path / "nothing_{rank}.txt"))
+    with pytest.raises(RemoteCellError, match="more than max_bytes"):
+        cluster.fetch(str(written / "*.json"), max_bytes=100)
+
+
 def test_status_shows_every_rank(cluster) -> None:
     status = cluster.status()
     assert [row["rank"] for row in status.rows] == [0, 1]
