@@ -144,7 +144,11 @@ register(
         summary="copy files the ranks wrote (traces, snapshots, compile logs) into a local folder",
         mode="line",
         arguments=(
-            Argument("pattern", help="a path or glob on the ranks; {rank} becomes each rank's number"),
+            Argument(
+                "pattern",
+                help="a path or glob on the ranks; {rank} becomes each rank's number (IPython first "
+                "expands {name} from notebook variables: pass such a pattern as $variable)",
+            ),
             Argument("--to", default=None, help="local folder (default: a new temporary folder)"),
             Argument("--ranks", default=None, help="which ranks (default: all)"),
         ),
