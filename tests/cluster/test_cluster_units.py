@@ -213,3 +213,23 @@ def test_a_memory_timeline_runs_on_a_rank_thread_after_cells_and_an_interrupt(tm
     assert done.returncode == 0, done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last == "[(2, []), (None, ['KeyboardInterrupt: the cell was interrupted']), (True, [])]"
+
+
+def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(fixtures_dir) -> None:
+    """On a GPU rank, memory_timeline attaches the CUDA allocator snapshot it recorded. A real
+    snapshot from a GPU run stands in for it here; Ray ships results with its cloudpickle."""
+    from ray import cloudpickle
+
+    from nbtoolkit import load_memory_snapshot
+    from nbtoolkit.model.rank_memory import RankMemory
+
+    snapshot = load_memory_snapshot(fixtures_dir / "memory" / "kk_memory_files_memory_ctx128_fullstep.pickle")
+    timeline = snapshot.timeline()
+    timeline.allocator_snapshot = snapshot
+    shipped = cloudpickle.loads(cloudpickle.dumps(timeline))
+    assert shipped.allocator_snapshot.stats().lines() == snapshot.stats().lines()
+    assert shipped.peak_bytes == timeline.peak_bytes > 0
+    result = RankMemory(timelines={0: shipped, 1: timeline})
+    assert result.imbalance() == 1.0
+    assert result.peaks()["peak_bytes"].tolist() == [timeline.peak_bytes] * 2
+    assert repr(result).splitlines()[0].startswith("RankMemory: 2 ranks on cuda")
