@@ -51,23 +51,23 @@ def _cluster(args: Any, call: MagicCall) -> Any:
 def _remote(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.cluster.output import RankPrefixedPrinter
-    from nbtoolkit.views.progress import DelayedProgress
+    from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
     cluster = Cluster.current()
     printer = RankPrefixedPrinter()
     cell = call.cell or ""
     label = f"running on {args.ranks or 'all'} ranks"
     try:
-        with DelayedProgress(label, delay_s=5.0):
+        with DelayedProgress(label, delay_s=CELL_DELAY_S):
             if args.profile:
                 return cluster.profile(cell, steps=args.steps, ranks=args.ranks, on_output=printer)
             if args.memory:
                 names = {k: v for k, v in (("model", args.model), ("optimizer", args.optimizer)) if v}
                 return cluster.memory(cell, ranks=args.ranks, on_output=printer, **names)
             result = cluster.execute(cell, ranks=args.ranks, on_output=printer)
+            result.raise_for_errors()  # inside: the progress line then ends with "stopped"
     finally:
         printer.flush()
-    result.raise_for_errors()
     return result if any(v is not None for v in result.values.values()) else None
 
 

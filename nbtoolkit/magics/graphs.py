@@ -14,17 +14,19 @@ def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
     import linecache
 
     from nbtoolkit.capture.graphs import capture_graphs
+    from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
     # Make the cell's own lines known to linecache, so breaks in the cell show their source.
     source = call.shell.transform_cell(call.cell or "")
     linecache.cache[_CELL_FILENAME] = (len(source), None, source.splitlines(True), _CELL_FILENAME)
-    return capture_graphs(
-        call.cell_function(),
-        steps=args.steps,
-        eager_baseline=not args.no_eager,
-        measure_cost=not args.no_cost,
-        label="%%nbt graphs cell",
-    )
+    with DelayedProgress("compiling the cell and timing its graphs", delay_s=CELL_DELAY_S):
+        return capture_graphs(
+            call.cell_function(),
+            steps=args.steps,
+            eager_baseline=not args.no_eager,
+            measure_cost=not args.no_cost,
+            label="%%nbt graphs cell",
+        )
 
 
 def _compile_log(args: argparse.Namespace, call: MagicCall) -> Any:

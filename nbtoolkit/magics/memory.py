@@ -17,10 +17,13 @@ def _show(figure: Any) -> None:
 def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.capture.memory import memory_timeline
     from nbtoolkit.views.memory import timeline_figure
+    from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
     model = call.lookup(args.model, "model") if args.model else None
     optimizer = call.lookup(args.optimizer, "optimizer") if args.optimizer else None
-    timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
+    runs = f"{args.steps} run" + ("s" if args.steps != 1 else "")
+    with DelayedProgress(f"recording the cell's memory ({runs})", delay_s=CELL_DELAY_S):
+        timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
     if not args.no_figure:
         _show(timeline_figure(timeline))
     return timeline

@@ -18,16 +18,19 @@ def _as_trace(value: Any) -> Any:
 
 def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.capture.profiler import profile
+    from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
-    return profile(
-        call.cell_function(),
-        steps=args.steps,
-        warmup=args.warmup,
-        profile_memory=args.memory,
-        record_shapes=args.shapes,
-        metrics=args.metrics,
-        tokens_per_step=args.tokens,
-    )
+    label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded)"
+    with DelayedProgress(label, delay_s=CELL_DELAY_S):
+        return profile(
+            call.cell_function(),
+            steps=args.steps,
+            warmup=args.warmup,
+            profile_memory=args.memory,
+            record_shapes=args.shapes,
+            metrics=args.metrics,
+            tokens_per_step=args.tokens,
+        )
 
 
 def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:

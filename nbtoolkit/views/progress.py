@@ -22,9 +22,11 @@ from typing import Any
 
 from nbtoolkit.model._result import escape
 
-__all__ = ["DEFAULT_DELAY_S", "DelayedProgress", "progress"]
+__all__ = ["CELL_DELAY_S", "DEFAULT_DELAY_S", "DelayedProgress", "progress"]
 
 DEFAULT_DELAY_S = 1.0
+#: For a magic's whole cell: most cells finish well within it and show nothing.
+CELL_DELAY_S = 5.0
 
 
 @contextmanager

@@ -34,6 +34,7 @@ class _Kernel:
         interrupted_at: float | None = None
         text: list[str] = []
         errors: list[str] = []
+        displays: list[str] = []  # the progress line and its updates
         while True:
             now = time.monotonic()
             if interrupt_after_s is not None and interrupted_at is None and now - started > interrupt_after_s:
@@ -54,11 +55,14 @@ class _Kernel:
                 errors.append(f"{content['ename']}: {content['evalue']}")
             elif kind == "execute_result":
                 text.append(content["data"].get("text/plain", ""))
+            elif kind in {"display_data", "update_display_data"}:
+                displays.append(content["data"].get("text/plain", ""))
             elif kind == "status" and content["execution_state"] == "idle":
                 end = time.monotonic()
                 return {
                     "text": "".join(text),
                     "errors": errors,
+                    "displays": displays,
                     "after_interrupt_s": None if interrupted_at is None else end - interrupted_at,
                 }
 
@@ -106,5 +110,8 @@ def test_kernel_interrupt_frees_a_rank_blocked_in_a_collective(kernel_with_clust
     # The group's collective timeout is 60 s: freeing must come long before it.
     assert result["after_interrupt_s"] is not None and result["after_interrupt_s"] < 20
     assert len(result["errors"]) == 1 and "rank 0 kept waiting in a collective" in result["errors"][0]
+    # A cell running over 5 s shows a progress line, and its last update says how it ended.
+    assert result["displays"] and result["displays"][0].startswith("running on all ranks… ")
+    assert result["displays"][-1].startswith("running on all ranks: stopped in ")
     after = kernel_with_cluster.run(ALL_REDUCE)
     assert not after["errors"] and after["text"] == "[rank 0] 2.0\n[rank 1] 2.0"
