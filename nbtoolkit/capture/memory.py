@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["memory_timeline"]
 
+#: The note memory_timeline adds to an exception raised by the captured function.
+PARTIAL_TIMELINE_NOTE = "nbtoolkit: the memory timeline up to this failure is in exc.timeline"
+
 _TORCH_CATEGORY_NAMES = {
     "INPUT": "input",
     "TEMPORARY": "temporary",
@@ -158,7 +161,7 @@ def memory_timeline(
         )
         with contextlib.suppress(AttributeError, TypeError):  # exceptions with __slots__
             failure.timeline = timeline  # type: ignore[attr-defined]  # documented: exc.timeline
-            failure.add_note("nbtoolkit: the memory timeline up to this failure is in exc.timeline")
+            failure.add_note(PARTIAL_TIMELINE_NOTE)
         raise failure
     return timeline
 

@@ -129,12 +129,25 @@ def _safe_repr(value: Any) -> str:
     return text if len(text) <= 2000 else text[:2000] + "…"
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def _remote_traceback(exc: BaseException) -> str:
-    """The traceback of an exception in user code, without this module's frames."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    """The traceback of an exception in user code, without nbtoolkit's own frames.
+
+    The rank's machinery and the tools a cell runs under (memory_timeline, the profiler)
+    are not the user's code, as IPython hides its own frames. Chained exceptions keep
+    their causes, each filtered the same way; an error nbtoolkit raised itself keeps its
+    message.
+    """
+    shown = traceback.TracebackException.from_exception(exc)
+    link: traceback.TracebackException | None = shown
+    while link is not None:
+        link.stack = traceback.StackSummary.from_list(
+            [frame for frame in link.stack if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR)]
+        )
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    return "".join(shown.format()).rstrip()
 
 
 def _let_pending_interrupt_land() -> None:

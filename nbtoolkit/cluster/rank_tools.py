@@ -76,9 +76,16 @@ def _plain(value: Any) -> Any:
 
 def memory_timeline_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
     """nbtoolkit.capture.memory.memory_timeline of the rank's step."""
-    from nbtoolkit.capture.memory import memory_timeline
+    from nbtoolkit.capture.memory import PARTIAL_TIMELINE_NOTE, memory_timeline
 
-    return memory_timeline(step, **kwargs)
+    try:
+        return memory_timeline(step, **kwargs)
+    except BaseException as exc:
+        # The partial timeline stays on the rank: the note pointing to exc.timeline would mislead.
+        notes = getattr(exc, "__notes__", None)
+        if notes and PARTIAL_TIMELINE_NOTE in notes:
+            notes.remove(PARTIAL_TIMELINE_NOTE)
+        raise
 
 
 def capture_graphs_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ import pytest
 from nbtoolkit.cluster.cluster import ClusterStatus, RemoteCellError, RemoteRun, parse_ranks
 from nbtoolkit.cluster.output import RankPrefixedPrinter, prefix_lines
 from nbtoolkit.cluster.rank_actor import RankActor
+from nbtoolkit.cluster.rank_tools import read_matching_files
 from nbtoolkit.cluster.ranks import RankCallResult, RankFailure, _death_cause
 from nbtoolkit.errors import ClusterError, NbtUsageError
 from nbtoolkit.integrations.deepspeed import grid_settings, label, read_sweep, zero_config
@@ -60,6 +61,25 @@ def test_rank_actor_runs_cells_in_a_persistent_namespace_and_captures_output() -
     assert actor.push({"y": 5})["error"] is None and actor.run_cell("y")["value"] == 5
     assert actor.interrupt() is False  # nothing running
     assert actor.state()["cells_run"] >= 4
+
+
+def test_remote_tracebacks_hide_nbtoolkit_frames_and_keep_causes() -> None:
+    """A cell failing under a tool (here a memory timeline) shows the user's frames only, keeps
+    a chained cause, and drops the note about exc.timeline (that timeline stays on the rank)."""
+    actor = RankActor(rank=0, world_size=1)
+    cell = (
+        "def load():\n    raise KeyError('cfg')\n"
+        "try:\n    load()\nexcept KeyError as e:\n    raise ValueError('bad config') from e"
+    )
+    failed = actor.run_tool("nbtoolkit.cluster.rank_tools", "memory_timeline_on_rank", cell, {})
+    error = failed["error"]
+    assert "nbtoolkit" not in error.replace("nbtoolkit:", "")  # no frame of ours, no note of ours
+    assert "exc.timeline" not in error
+    assert 'File "<remote-cell>", line 4, in <module>' in error and "line 2, in load" in error
+    assert "KeyError: 'cfg'" in error and "direct cause" in error and error.endswith("ValueError: bad config")
+    # An error nbtoolkit raises itself keeps its message, with no frames at all.
+    ours = actor.run_function(read_matching_files, (__file__, 1))
+    assert ours["error"].startswith("ValueError: ") and "more than max_bytes" in ours["error"]
 
 
 def test_remote_run_text_html_and_error_escape_foreign_text() -> None:
@@ -174,6 +194,7 @@ def test_reading_names_what_changed_and_what_it_did() -> None:
 _CELLS_THEN_MEMORY = r"""
 import threading, time
 from nbtoolkit.cluster.rank_actor import RankActor
+from nbtoolkit.cluster.rank_tools import read_matching_files
 
 actor = RankActor(0, 1)
 outcomes = []
