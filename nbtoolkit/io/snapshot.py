@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import SnapshotError
+from nbtoolkit.model.memory import CATEGORIES
 
 if TYPE_CHECKING:
     from nbtoolkit.model.memory import MemoryTimeline
@@ -155,17 +156,9 @@ def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------
 
-#: torch.profiler._memory_profiler._CATEGORY_TO_INDEX order (index 7 is torch's None).
-_RAW_EXPORT_CATEGORIES = (
-    "parameter",
-    "optimizer_state",
-    "input",
-    "temporary",
-    "activation",
-    "gradient",
-    "autograd_detail",
-    "unknown",
-)
+#: torch.profiler._memory_profiler._CATEGORY_TO_INDEX order (index 7 is torch's None): the
+#: order of nbtoolkit's own CATEGORIES, which follows torch's on purpose.
+_RAW_EXPORT_CATEGORIES = CATEGORIES
 #: torch.profiler._memory_profiler.Action values.
 _RAW_EXPORT_ACTIONS = {1: "preexisting", 2: "alloc", 3: "recategorize", 4: "free"}
 
