@@ -101,6 +101,9 @@ for _, row in summary.iterrows():
     print(f"  fix: {row['fix']}")"""),
 md("""The break is the monitoring check in `Block.forward`: `.item()` turns a tensor into a Python number, and the
 `if` on it is data-dependent control flow, so dynamo must leave the graph, once per block, every step.
+The blocks are called in a loop, and a break inside a loop is one dynamo cannot resume from: it gives up
+on the model's whole `forward` (the report's "frames run eagerly after a break") and compiles each block's
+forward on its own, in two pieces around the check.
 The fix is to drop the check from the hot path (or check once per N steps, outside the compiled model)."""),
 code("""for block in model.blocks:
     block.monitor = False
