@@ -101,6 +101,7 @@ class RemoteRun(Result):
         self.dead = {f.rank: f.cause for f in raw.dead}
         self.stuck = list(raw.stuck)
         self.freed = list(raw.freed)
+        self.regroup_error = raw.regroup_error
         self.interrupted = raw.interrupted
 
     @property
@@ -122,7 +123,13 @@ class RemoteRun(Result):
                 deaths + ". Its process is gone and the process group is broken: run "
                 "cluster.restart() (or `%nbt cluster restart`) for fresh ranks"
             )
-        if self.freed:
+        if self.freed and self.regroup_error:
+            parts.append(
+                f"{_rank_label(self.freed)} kept waiting in a collective for ranks that had stopped; "
+                "nbtoolkit closed the process group to free it, but forming a new one failed "
+                f"({self.regroup_error}): run cluster.restart() for fresh ranks"
+            )
+        elif self.freed:
             parts.append(
                 f"{_rank_label(self.freed)} kept waiting in a collective for ranks that had stopped; "
                 "nbtoolkit closed the process group to free it and formed a new one. Every rank kept "

@@ -64,6 +64,7 @@ class RankCallResult:
     dead: list[RankFailure] = field(default_factory=list)
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop when asked
     freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
+    regroup_error: str | None = None  # why no new process group could be formed after freeing them
     interrupted: bool = False
 
 
@@ -324,13 +325,17 @@ class RankGroup:
                 self.ranks[r].state = "broken"
                 self.ranks[r].cause = f"its process group was closed to free rank {label}, which stayed stuck"
         else:
-            rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a free port")[
-                0
-            ]
-            self._form_process_group(rank0)
-            for r in others + freed:
-                self.ranks[r].state, self.ranks[r].cause = "idle", None
             result.freed = freed
+            try:
+                rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a port")
+                self._form_process_group(rank0[0])
+            except ClusterError as exc:
+                result.regroup_error = str(exc)
+                for r in others + freed:
+                    self.ranks[r].state, self.ranks[r].cause = "broken", f"no process group: {exc}"
+            else:
+                for r in others + freed:
+                    self.ranks[r].state, self.ranks[r].cause = "idle", None
         if on_output is not None:
             self._flush_outcomes(result, on_output)
 

@@ -254,3 +254,15 @@ def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(fixtures_di
     assert result.imbalance() == 1.0
     assert result.peaks()["peak_bytes"].tolist() == [timeline.peak_bytes] * 2
     assert repr(result).splitlines()[0].startswith("RankMemory: 2 ranks on cuda")
+
+
+def test_the_message_after_freeing_a_blocked_rank_says_whether_a_new_group_formed() -> None:
+    outcome = {"rank": 0, "value": None, "error": "KeyboardInterrupt: the cell was interrupted", "output": []}
+    formed = RemoteRun([0, 1], RankCallResult(outcomes={0: outcome}, freed=[0], interrupted=True))
+    assert "rank 0 kept waiting in a collective" in formed.failure_text()
+    assert "formed a new one" in formed.failure_text() and "must be built again" in formed.failure_text()
+    failed = RemoteRun(
+        [0, 1],
+        RankCallResult(outcomes={0: outcome}, freed=[0], regroup_error="port in use", interrupted=True),
+    )
+    assert "forming a new one failed (port in use): run cluster.restart()" in failed.failure_text()
