@@ -103,6 +103,7 @@ class PageReport:
     widgets: int = 0
     error_outputs: list[str] = field(default_factory=list)
     nbt_outputs: int = 0
+    output_text: str = ""  # the text of every cell output, as the page shows it
     screenshot: Path | None = None
 
 
@@ -152,6 +153,7 @@ def run_notebook_in_browser(
             ).count()
             report.widgets = page.locator(".jp-OutputArea-output .jupyter-widgets").count()
             report.nbt_outputs = page.locator(".jp-OutputArea-output .nbt-table").count()
+            report.output_text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
             stderr = page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']")
             report.error_outputs = [
                 text for text in (stderr.nth(i).inner_text() for i in range(stderr.count()))

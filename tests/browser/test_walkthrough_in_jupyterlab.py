@@ -1,16 +1,24 @@
-"""A person's view: the quick-start walkthrough run in a real JupyterLab in Debian's chromium.
+"""A person's view: walkthroughs run in a real JupyterLab in Debian's chromium.
 
-Starts JupyterLab on 127.0.0.1, opens a fresh copy of notebooks/00_quickstart.ipynb (outputs
-cleared, so everything on screen was rendered now), runs all cells from JupyterLab's Run menu,
-and checks that nbtoolkit's tables and plotly figures rendered, that no cell raised, and that
-the page logged no JavaScript errors. The screenshot is kept in out/browser/ for a person.
+Starts JupyterLab on 127.0.0.1, opens a fresh copy of a walkthrough (outputs cleared, so
+everything on screen was rendered now), runs all cells from JupyterLab's Run menu, and checks
+that nbtoolkit's tables and plotly figures rendered, that no cell raised, and that the page
+logged no JavaScript errors. The screenshots are kept in out/browser/ for a person.
+
+- the quick start, whole;
+- the cluster walkthrough without its DeepSpeed part and without the cell that fails on
+  purpose (Run All stops at an error): a local Ray cluster started from the page's kernel,
+  rank-prefixed output streamed into the page, per-rank memory and overlap. Ray runs inside
+  the test's private network namespace like every cluster test.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -37,8 +45,10 @@ def chromium() -> str:
     return CHROMIUM
 
 
-def _fresh_copy(notebook: Path, folder: Path) -> str:
+def _fresh_copy(notebook: Path, folder: Path, keep: Callable[[int, Any], bool] | None = None) -> str:
     nb = nbformat.read(notebook, as_version=4)
+    if keep is not None:
+        nb.cells = [cell for i, cell in enumerate(nb.cells) if keep(i, cell)]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -61,3 +71,41 @@ def test_quickstart_renders_tables_and_figures(chromium: str, tmp_path: Path) ->
     assert page.plotly_figures >= 1, "no plotly figure rendered"
     assert page.nbt_outputs >= 1, "no nbtoolkit table rendered"
     assert shot.stat().st_size > 20_000  # a real screenshot of a rendered page, not a blank one
+
+
+def _cluster_cells_without_deepspeed(notebook: Path) -> Callable[[int, Any], bool]:
+    """Keep 04_cluster's cells except the DeepSpeed section and the cell that raises on purpose."""
+    cells = nbformat.read(notebook, as_version=4).cells
+    start = next(i for i, c in enumerate(cells) if c.source.startswith("**DeepSpeed ZeRO from a cell.**"))
+    end = next(i for i, c in enumerate(cells) if c.source.startswith("**Status and stop.**"))
+
+    def keep(i: int, cell: Any) -> bool:
+        return not (start <= i < end) and "raises-exception" not in cell.metadata.get("tags", [])
+
+    return keep
+
+
+@pytest.mark.ray
+def test_cluster_walkthrough_streams_rank_output_and_renders_per_rank_results(
+    chromium: str, tmp_path: Path
+) -> None:
+    source = ROOT / "notebooks" / "04_cluster.ipynb"
+    name = _fresh_copy(source, tmp_path, keep=_cluster_cells_without_deepspeed(source))
+    shot = tmp_path / "cluster.png"
+    with jupyterlab(tmp_path) as server:
+        page = run_notebook_in_browser(server, name, shot)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, SCREENSHOTS / "04_cluster.png")
+
+    real_console_errors = [m for m in page.console_errors if not any(n in m for n in _OFFLINE_NOISE)]
+    assert page.page_errors == [], f"JavaScript exceptions on the page: {page.page_errors}"
+    assert real_console_errors == [], f"JavaScript errors in the console: {real_console_errors}"
+    assert page.error_outputs == [], f"cells raised: {page.error_outputs}"
+    text = page.output_text
+    assert "[rank 0] hello from rank 0 of 2, backend gloo" in text
+    assert "[rank 1] hello from rank 1 of 2, backend gloo" in text
+    assert "memory timelines of 2 ranks" in text  # the RankMemory table
+    assert "peaks within 10% of each other: True" in text
+    assert "cluster stopped" in text
+    assert page.plotly_figures >= 1, "no plotly figure rendered"
+    assert page.nbt_outputs >= 2, "nbtoolkit tables (overlap, per-rank memory) did not render"
