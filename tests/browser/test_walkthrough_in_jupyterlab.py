@@ -23,7 +23,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from .lab_harness import CHROMIUM, jupyterlab, run_notebook_in_browser
+from .lab_harness import CHROMIUM, PageReport, jupyterlab, run_notebook_in_browser
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "out" / "browser"
@@ -56,21 +56,25 @@ def _fresh_copy(notebook: Path, folder: Path, keep: Callable[[int, Any], bool] |
     return notebook.name
 
 
-def test_quickstart_renders_tables_and_figures(chromium: str, tmp_path: Path) -> None:
-    name = _fresh_copy(ROOT / "notebooks" / "00_quickstart.ipynb", tmp_path)
-    shot = tmp_path / "quickstart.png"
-    with jupyterlab(tmp_path) as server:
+def _run_in_lab(name: str, folder: Path) -> PageReport:
+    """Run the notebook ``folder/name`` in JupyterLab; keep the screenshot in out/browser/."""
+    shot = folder / f"{Path(name).stem}.png"
+    with jupyterlab(folder) as server:
         page = run_notebook_in_browser(server, name, shot)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, SCREENSHOTS / "00_quickstart.png")
-
+    shutil.copy(shot, SCREENSHOTS / shot.name)
+    assert shot.stat().st_size > 20_000  # a real screenshot of a rendered page, not a blank one
     real_console_errors = [m for m in page.console_errors if not any(n in m for n in _OFFLINE_NOISE)]
     assert page.page_errors == [], f"JavaScript exceptions on the page: {page.page_errors}"
     assert real_console_errors == [], f"JavaScript errors in the console: {real_console_errors}"
     assert page.error_outputs == [], f"cells raised: {page.error_outputs}"
+    return page
+
+
+def test_quickstart_renders_tables_and_figures(chromium: str, tmp_path: Path) -> None:
+    page = _run_in_lab(_fresh_copy(ROOT / "notebooks" / "00_quickstart.ipynb", tmp_path), tmp_path)
     assert page.plotly_figures >= 1, "no plotly figure rendered"
     assert page.nbt_outputs >= 1, "no nbtoolkit table rendered"
-    assert shot.stat().st_size > 20_000  # a real screenshot of a rendered page, not a blank one
 
 
 def _cluster_cells_without_deepspeed(notebook: Path) -> Callable[[int, Any], bool]:
@@ -90,17 +94,7 @@ def test_cluster_walkthrough_streams_rank_output_and_renders_per_rank_results(
     chromium: str, tmp_path: Path
 ) -> None:
     source = ROOT / "notebooks" / "04_cluster.ipynb"
-    name = _fresh_copy(source, tmp_path, keep=_cluster_cells_without_deepspeed(source))
-    shot = tmp_path / "cluster.png"
-    with jupyterlab(tmp_path) as server:
-        page = run_notebook_in_browser(server, name, shot)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, SCREENSHOTS / "04_cluster.png")
-
-    real_console_errors = [m for m in page.console_errors if not any(n in m for n in _OFFLINE_NOISE)]
-    assert page.page_errors == [], f"JavaScript exceptions on the page: {page.page_errors}"
-    assert real_console_errors == [], f"JavaScript errors in the console: {real_console_errors}"
-    assert page.error_outputs == [], f"cells raised: {page.error_outputs}"
+    page = _run_in_lab(_fresh_copy(source, tmp_path, keep=_cluster_cells_without_deepspeed(source)), tmp_path)
     text = page.output_text
     assert "[rank 0] hello from rank 0 of 2, backend gloo" in text
     assert "[rank 1] hello from rank 1 of 2, backend gloo" in text
