@@ -19,9 +19,19 @@ import pytest
 # which must not look like handlers a test leaked. (nbtoolkit itself imports torch lazily;
 # tests/foundation checks that in a subprocess.)
 import torch
+from IPython.core.interactiveshell import InteractiveShell
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    """An IPython shell with the extension loaded, for the magic tests of one module."""
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbtoolkit")
+    yield ip
+    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,14 +9,6 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 def _echo(args: Any, call: MagicCall) -> dict[str, Any]:

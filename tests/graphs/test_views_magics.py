@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,14 +93,6 @@ def torch_settings_snapshot() -> dict[str, Any]:
         "stance": torch._dynamo.eval_frame._stance,
         "log_state": dict(torch._logging._internal.log_state.log_qname_to_level),
     }
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 CELL = """\

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -151,14 +150,6 @@ def test_large_timeline_is_decimated_and_small() -> None:
 
 
 # -- magics -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 def test_memory_cell_magic(shell: InteractiveShell) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -12,10 +10,9 @@ import nbtoolkit as nbt
 
 
 @pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    ip.run_cell(
+def shell(shell: InteractiveShell) -> InteractiveShell:
+    """The shared shell (tests/conftest.py) with a step function defined in it."""
+    shell.run_cell(
         "import torch\n"
         "lin = torch.nn.Linear(32, 32)\n"
         "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
@@ -24,8 +21,7 @@ def shell() -> Iterator[InteractiveShell]:
         "    opt.zero_grad(); loss = lin(x).square().mean(); loss.backward(); opt.step(); return loss\n",
         store_history=False,
     ).raise_error()
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
+    return shell
 
 
 def test_metrics_magic_stores_the_result(shell: InteractiveShell) -> None:

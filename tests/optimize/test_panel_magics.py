@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,14 +27,6 @@ def _torch_compile_initialised() -> None:
 def setup() -> tuple[Any, Any, RecomputePlan]:
     model, step = make_gpt(hidden=HIDDEN)
     return model, step, nbt.plan_recompute(model, step, None, steps=1)
-
-
-@pytest.fixture(scope="module")
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 def test_slider_updates_prediction_without_running_the_step(setup: Any) -> None:

@@ -76,16 +76,6 @@ def test_profile_keeps_the_chrome_trace_when_asked(tmp_path):
     assert len(again.events[0]) == len(trace.events[0])
 
 
-@pytest.fixture(scope="module")
-def shell():
-    from IPython.core.interactiveshell import InteractiveShell
-
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
-
-
 def test_cell_magic_profile(shell):
     shell.user_ns["torch"] = torch
     result = shell.run_cell(

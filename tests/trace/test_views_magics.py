@@ -5,18 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
 from nbtoolkit.views.trace_views import OverlapView, TraceReport, overlap_chart, timeline
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbtoolkit")
-    yield ip
-    ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
 @pytest.fixture(scope="module")
