@@ -266,19 +266,13 @@ class Cluster(Result):
         attachment = attach_local(
             num_cpus=world_size, num_gpus=num_gpus, object_store_bytes=object_store_mb * 1024 * 1024
         )
-        try:
-            return cls(
-                attachment,
-                world_size,
-                gpus=gpus,
-                collective_timeout_s=collective_timeout_s,
-                start_timeout_s=start_timeout_s,
-            )
-        except BaseException:
-            from nbtoolkit.cluster.connection import detach
-
-            detach(attachment)
-            raise
+        return cls._ranks_on(
+            attachment,
+            lambda: world_size,
+            gpus=gpus,
+            collective_timeout_s=collective_timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
 
     @classmethod
     def connect(
@@ -297,22 +291,26 @@ class Cluster(Result):
         ~/.ray/auth_token). A wrong or missing token fails within seconds with
         "authentication failed". ``ranks`` defaults to the cluster's GPU count, or 2.
         """
-        from nbtoolkit.cluster.connection import cluster_resources, connect, detach
+        from nbtoolkit.cluster.connection import cluster_resources, connect
 
         if not isinstance(address, str) or ":" not in address:
             raise NbtUsageError(f"address must be 'host:port' of the Ray head (GCS), got {address!r}")
-        address = address.removeprefix("ray://")
-        attachment = connect(address, token)
+        attachment = connect(address.removeprefix("ray://"), token)
+        return cls._ranks_on(
+            attachment,
+            lambda: _check_ranks(ranks if ranks is not None else int(cluster_resources().get("GPU", 0)) or 2),
+            gpus=gpus,
+            collective_timeout_s=collective_timeout_s,
+            start_timeout_s=start_timeout_s,
+        )
+
+    @classmethod
+    def _ranks_on(cls, attachment: Attachment, world_size: Callable[[], int], **options: Any) -> Cluster:
+        """Start ranks on an attached Ray cluster; if that fails, the attachment is released."""
+        from nbtoolkit.cluster.connection import detach
+
         try:
-            if ranks is None:
-                ranks = int(cluster_resources().get("GPU", 0)) or 2
-            return cls(
-                attachment,
-                _check_ranks(ranks),
-                gpus=gpus,
-                collective_timeout_s=collective_timeout_s,
-                start_timeout_s=start_timeout_s,
-            )
+            return cls(attachment, world_size(), **options)
         except BaseException:
             detach(attachment)
             raise

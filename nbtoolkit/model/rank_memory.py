@@ -20,10 +20,18 @@ from nbtoolkit.model.memory import MemoryTimeline, format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankMemory"]
+__all__ = ["RankMemory", "category_columns"]
 
 #: peaks differing by more than this (max/min - 1) are called uneven in the summary
 UNEVEN_PEAKS = 0.10
+
+
+_PEAK_COLUMNS = ("rank", "peak_bytes", "peak_time_us")
+
+
+def category_columns(peaks: pd.DataFrame) -> list[str]:
+    """The category columns of a :meth:`RankMemory.peaks` table (those after its first three)."""
+    return [c for c in peaks.columns if c not in _PEAK_COLUMNS]
 
 
 @dataclass(repr=False)
@@ -73,7 +81,7 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
                     row[str(category.category)] = int(category.at_peak_bytes)
             rows.append(row)
         frame = pd.DataFrame(rows)
-        categories = [c for c in frame.columns if c not in {"rank", "peak_bytes", "peak_time_us"}]
+        categories = category_columns(frame)
         frame[categories] = frame[categories].fillna(0).astype("int64")
         return frame
 
@@ -88,7 +96,7 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
         if table.empty:
             return "no ranks"
         top = table.loc[table["peak_bytes"].idxmax()]
-        categories = [c for c in table.columns if c not in {"rank", "peak_bytes", "peak_time_us"}]
+        categories = category_columns(table)
         dominant = max(categories, key=lambda c: top[c]) if categories else "unknown"
         ratio = self.imbalance()
         if ratio - 1 <= UNEVEN_PEAKS:
@@ -116,7 +124,7 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
 
         table = self.peaks()
         shown = pd.DataFrame({"rank": table["rank"], "peak": [format_bytes(v) for v in table["peak_bytes"]]})
-        for column in table.columns[3:]:
+        for column in category_columns(table):
             shown[f"{column} at peak"] = [format_bytes(v) for v in table[column]]
         return shown
 

@@ -402,6 +402,8 @@ def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
     """Total allocated bytes of each rank over its own time, and each rank's peak stacked by category."""
     from plotly.colors import qualitative
 
+    from nbtoolkit.model.rank_memory import category_columns
+
     table = memory.peaks()
     palette = qualitative.D3
     ranks = [f"rank {r}" for r in table["rank"]]
@@ -411,7 +413,7 @@ def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
         ],
         bars=[
             (ranks, table[category], str(category), CATEGORY_COLORS.get(str(category), "grey"))
-            for category in table.columns[3:]
+            for category in category_columns(table)
         ],
         titles=("total over time, per rank", "each rank's peak, by category"),
         barmode="stack",
