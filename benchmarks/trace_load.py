@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "fixtures" / "traces"
 DEFAULT_TRACES = [
     "hta_mtia_single_rank",
     "hta_negative_queue_16rank_r0",
@@ -96,7 +94,12 @@ def measure(python: Path, body: str, trace_dir: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--traces", nargs="*", default=DEFAULT_TRACES, help="folders under fixtures/traces")
+    parser.add_argument(
+        "--traces",
+        nargs="*",
+        default=DEFAULT_TRACES,
+        help="real traces by registry name (traces/NAME), found by nbt.locate_data",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--hta-venv", type=Path, default=Path("/tmp/hta-venv"))
     args = parser.parse_args()
@@ -106,8 +109,14 @@ def main() -> None:
     header = f"{'trace':32s} {'tool':10s} {'wall s':>8s} {'process s':>10s} {'cpu s':>7s} {'peak MB':>8s}"
     print(header + "  idle %")
     summary = []
+    import nbtoolkit as nbt
+
     for name in args.traces:
-        folder = TRACES / name
+        try:  # NBT_DATA, ../shared/fixtures, the cache, or the pinned download
+            folder = nbt.locate_data(f"traces/{name}")
+        except nbt.DataUnavailableError as exc:
+            print(f"{name:32s} skipped: {exc}")
+            continue
         runs: dict[str, list[dict[str, float]]] = {"nbtoolkit": [], "HTA": []}
         for _ in range(args.repeat):  # alternate, so that both tools see the same load
             runs["nbtoolkit"].append(measure(nbt_python, NBTOOLKIT, folder))

@@ -22,6 +22,8 @@ from nbtoolkit.errors import (
     CaptureError,
     ClusterError,
     CompileLogError,
+    DataError,
+    DataUnavailableError,
     MetricsError,
     NbtError,
     NbtUsageError,
@@ -48,12 +50,14 @@ _LAZY_EXPORTS: dict[str, str] = {
     "capture_graphs": "nbtoolkit.capture.graphs",
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
     "compare": "nbtoolkit.analysis.diff",
+    "export_memory_snapshot": "nbtoolkit.io.snapshot_export",
     "idle_breakdown": "nbtoolkit.analysis.breakdown",
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
     "load_compile_log": "nbtoolkit.io.compile_log",
     "load_memory_snapshot": "nbtoolkit.io.snapshot",
     "load_memory_timeline": "nbtoolkit.io.snapshot",
     "load_trace": "nbtoolkit.io.kineto",
+    "locate_data": "nbtoolkit.datasets",
     "memory_timeline": "nbtoolkit.capture.memory",
     "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
@@ -70,6 +74,8 @@ _EAGER_EXPORTS = [
     "CaptureError",
     "ClusterError",
     "CompileLogError",
+    "DataError",
+    "DataUnavailableError",
     "MetricsError",
     "NbtError",
     "NbtUsageError",
@@ -121,9 +127,11 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.capture.profiler import profile
     from nbtoolkit.capture.step_metrics import step_metrics
     from nbtoolkit.cluster.cluster import Cluster
+    from nbtoolkit.datasets import locate_data
     from nbtoolkit.io.compile_log import load_compile_log
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
+    from nbtoolkit.io.snapshot_export import export_memory_snapshot
     from nbtoolkit.model.comparison import Comparison, Measurement
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.memory import MemoryTimeline

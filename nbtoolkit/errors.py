@@ -12,7 +12,9 @@ Messages state the problem (with the offending value or path) and what to do.
     ├── SnapshotError     a memory snapshot that cannot be read (or is unsafe)
     ├── PlanError         no recomputation plan satisfies the request
     ├── MetricsError      FLOPs / MFU cannot be computed for this step
-    └── ClusterError      the cluster or one of its ranks failed
+    ├── ClusterError      the cluster or one of its ranks failed
+    └── DataError         a real-data artifact failed its pinned checksum (nbt.locate_data)
+        └── DataUnavailableError   not in NBT_DATA, ../shared/fixtures or the cache, and not downloadable
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ __all__ = [
     "CaptureError",
     "ClusterError",
     "CompileLogError",
+    "DataError",
+    "DataUnavailableError",
     "MetricsError",
     "NbtError",
     "NbtUsageError",
@@ -73,3 +77,11 @@ class MetricsError(NbtError):
 
 class ClusterError(NbtError):
     """The cluster, or one of its ranks, failed."""
+
+
+class DataError(NbtError):
+    """A real-data artifact (see :mod:`nbtoolkit.datasets`) cannot be used as it is."""
+
+
+class DataUnavailableError(DataError):
+    """A real-data artifact is in no data folder nor the cache, and cannot be downloaded here."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures"
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +33,26 @@ def shell() -> Iterator[InteractiveShell]:
     ip.run_line_magic("unload_ext", "nbtoolkit")
 
 
+def locate_or_skip(name: str) -> Path:
+    """The local path of a real GPU artifact (nbtoolkit.datasets), or skip the test naming it.
+
+    The artifact comes from NBT_DATA, ../shared/fixtures beside the checkout, the download cache
+    or its pinned public origin; when none works (e.g. no network), the skip reason is the
+    locator's one line: which artifact, and how to get it. A checksum mismatch is not a skip.
+    """
+    from nbtoolkit.datasets import locate_data
+    from nbtoolkit.errors import DataUnavailableError
+
+    try:
+        return locate_data(name)
+    except DataUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
-def fixtures_dir() -> Path:
-    """../shared/fixtures, the real traces, snapshots and compile logs from GPU runs."""
-    if not FIXTURES.is_dir():
-        pytest.fail(f"real-data fixtures not found at {FIXTURES}: check out shared/ beside the project")
-    return FIXTURES
+def real_data() -> Callable[[str], Path]:
+    """``real_data("traces/hta_cpu_only")``: a real GPU artifact's path; skips the test when unavailable."""
+    return locate_or_skip
 
 
 def _torch_instrument_state() -> dict[str, object]:

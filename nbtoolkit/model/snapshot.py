@@ -133,9 +133,15 @@ class _StackInterner:
         return index
 
 
+def _rooted(filename: str) -> str:
+    return "/" + filename.replace("\\", "/").lstrip("/")
+
+
 def _stack_hint(frames: list[dict[str, Any]]) -> str:
     """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
-    names = [(str(f.get("name", "")), str(f.get("filename", "")).replace("\\", "/")) for f in frames]
+    # Paths are absolute in CUDA snapshots, relative to site-packages in profiler stacks
+    # ("torch/optim/adamw.py"): a leading "/" lets one set of rules read both.
+    names = [(str(f.get("name", "")), _rooted(str(f.get("filename", "")))) for f in frames]
     if any("/torch/optim/" in fn for _, fn in names):
         return "optimizer"
     if any(
@@ -166,7 +172,8 @@ def _user_source(frames: list[dict[str, Any]]) -> str:
     """Innermost Python frame outside torch and site-packages: where in the user's code."""
     for f in frames:
         filename = str(f.get("filename", "")).replace("\\", "/")
-        if filename.endswith(".py") and "/torch/" not in filename and "site-packages" not in filename:
+        rooted = _rooted(filename)
+        if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
             return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
     return ""
 

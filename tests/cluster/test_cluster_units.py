@@ -236,7 +236,7 @@ def test_a_memory_timeline_runs_on_a_rank_thread_after_cells_and_an_interrupt(tm
     assert last == "[(2, []), (None, ['KeyboardInterrupt: the cell was interrupted']), (True, [])]"
 
 
-def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(fixtures_dir) -> None:
+def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(real_data) -> None:
     """On a GPU rank, memory_timeline attaches the CUDA allocator snapshot it recorded. A real
     snapshot from a GPU run stands in for it here; Ray ships results with its cloudpickle."""
     from ray import cloudpickle
@@ -244,7 +244,7 @@ def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(fixtures_di
     from nbtoolkit import load_memory_snapshot
     from nbtoolkit.model.rank_memory import RankMemory
 
-    snapshot = load_memory_snapshot(fixtures_dir / "memory" / "kk_memory_files_memory_ctx128_fullstep.pickle")
+    snapshot = load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx128_fullstep.pickle"))
     timeline = snapshot.timeline()
     timeline.allocator_snapshot = snapshot
     shipped = cloudpickle.loads(cloudpickle.dumps(timeline))

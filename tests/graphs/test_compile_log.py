@@ -11,6 +11,7 @@ import html
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,13 @@ REFERENCE_SETS = ["simple", "comp_metrics", "comp_failure"]
 
 
 @pytest.fixture(scope="module")
-def logs(fixtures_dir: Path) -> Path:
-    return fixtures_dir / "compile_logs" / "tlparse_inputs"
+def logs(real_data: Callable[[str], Path]) -> Path:
+    return real_data("compile_logs/tlparse_inputs")
 
 
 @pytest.fixture(scope="module")
-def refs(fixtures_dir: Path) -> Path:
-    return fixtures_dir / "reference" / "tlparse"
+def refs(real_data: Callable[[str], Path]) -> Path:
+    return real_data("reference/tlparse")
 
 
 def _tlparse_failures(page: str) -> list[tuple[str, str, str, str | None]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,8 @@ def test_graph_code_view_switches_graphs(evil_report: GraphReport) -> None:
     assert view.nbt_code.value != first and "class GraphModule" in view.nbt_code.value
 
 
-def test_compile_time_chart_of_multi_rank_logs(fixtures_dir: Path) -> None:
-    report = nbt.load_compile_log(fixtures_dir / "compile_logs" / "tlparse_inputs" / "multi_rank_logs")
+def test_compile_time_chart_of_multi_rank_logs(real_data: Callable[[str], Path]) -> None:
+    report = nbt.load_compile_log(real_data("compile_logs/tlparse_inputs/multi_rank_logs"))
     fig = compile_time_chart(report)
     names = {trace.name for trace in fig.data}
     assert names == {"ok", "error"}
@@ -76,8 +77,8 @@ def test_report_view_shortcuts(evil_report: GraphReport) -> None:
     assert len(evil_report.compile_time_chart().data) >= 1
 
 
-def test_explorer_of_a_report_without_breaks(fixtures_dir: Path) -> None:
-    report = nbt.load_compile_log(fixtures_dir / "compile_logs" / "tlparse_inputs" / "simple.log")
+def test_explorer_of_a_report_without_breaks(real_data: Callable[[str], Path]) -> None:
+    report = nbt.load_compile_log(real_data("compile_logs/tlparse_inputs/simple.log"))
     box = report.explorer()
     assert "No graph breaks" in box.children[-1].value
 
@@ -135,8 +136,8 @@ def test_graphs_cell_magic_ctrl_c(shell: InteractiveShell) -> None:
     assert shell.run_cell("1 + 1").result == 2
 
 
-def test_compile_log_magic(shell: InteractiveShell, fixtures_dir: Path) -> None:
-    path = fixtures_dir / "compile_logs" / "tlparse_inputs" / "comp_failure.log"
+def test_compile_log_magic(shell: InteractiveShell, real_data: Callable[[str], Path]) -> None:
+    path = real_data("compile_logs/tlparse_inputs/comp_failure.log")
     shell.run_line_magic("nbt", f"compile-log {path} --name log_rep")
     report: Any = shell.user_ns["log_rep"]
     assert list(report.compile_failures["failure_type"]) == ["BackendCompilerFailed"]

@@ -8,16 +8,22 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
+from nbtoolkit.datasets import default_registry
 from nbtoolkit.errors import SnapshotError
 from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline, restricted_loads
 from nbtoolkit.model.snapshot import MemorySnapshot
+
+# The snapshot tests/memory/conftest.py records in this session (beside the real ones).
+RECORDED = "recorded"
 
 PICKLES = [
     "bcraf_memory_snapshot.pickle",  # newest format: compile_context, user_metadata, optimizer annotations
@@ -31,11 +37,11 @@ PICKLES = [
     "shrey_profile_grad.pkl",
     "shrey_profile_no_grad.pkl",
 ]
+# The snapshots memory_viz was run on: named by the registry, so the list is the same on a
+# machine without the data (those tests then skip naming the artifact).
 REFERENCED = sorted(
-    p.name.removesuffix(".stats.txt")
-    for p in (Path(__file__).resolve().parents[2].parent / "shared/fixtures/reference/memory_viz_stats").glob(
-        "*.stats.txt"
-    )
+    a.name.rsplit("/", 1)[-1].removesuffix(".stats.txt")
+    for a in default_registry().artifacts("reference/memory_viz_stats")
 )
 
 
@@ -44,19 +50,19 @@ def _total_lines(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", REFERENCED)
-def test_stats_equal_memory_viz_reference(fixtures_dir: Path, name: str) -> None:
-    reference = (fixtures_dir / "reference/memory_viz_stats" / f"{name}.stats.txt").read_text()
-    snap = load_memory_snapshot(fixtures_dir / "memory" / name)
+def test_stats_equal_memory_viz_reference(real_data: Callable[[str], Path], name: str) -> None:
+    reference = real_data(f"reference/memory_viz_stats/{name}.stats.txt").read_text()
+    snap = load_memory_snapshot(real_data(f"memory/{name}"))
     assert snap.stats().lines() == _total_lines(reference)
     assert len(_total_lines(reference)) == 4
 
 
-@pytest.mark.parametrize("name", PICKLES)
-def test_stats_equal_torch_segsum_on_every_fixture(fixtures_dir: Path, name: str) -> None:
+@pytest.mark.parametrize("name", [*PICKLES, RECORDED])
+def test_stats_equal_torch_segsum_on_every_fixture(snapshot_file: Callable[[str], Path], name: str) -> None:
     """Every pickle, also those without a stored reference: torch's own segsum on the same data."""
     from torch.cuda import _memory_viz
 
-    path = fixtures_dir / "memory" / name
+    path = snapshot_file(name)
     data = restricted_loads(path.read_bytes())
     if isinstance(data, list):
         data = {"segments": data, "traces": []}
@@ -68,10 +74,10 @@ def test_stats_equal_torch_segsum_on_every_fixture(fixtures_dir: Path, name: str
     assert stats.total_allocated + stats.total_free == stats.total_reserved
 
 
-@pytest.mark.parametrize("name", PICKLES)
-def test_timeline_ends_at_the_snapshot_state(fixtures_dir: Path, name: str) -> None:
+@pytest.mark.parametrize("name", [*PICKLES, RECORDED])
+def test_timeline_ends_at_the_snapshot_state(snapshot_file: Callable[[str], Path], name: str) -> None:
     """Replaying the trace from the pre-existing blocks ends exactly at the live blocks of the snapshot."""
-    snap = load_memory_snapshot(fixtures_dir / "memory" / name)
+    snap = load_memory_snapshot(snapshot_file(name))
     timeline = snap.timeline()
     device = int(timeline.device.split(":")[1])
     blocks = snap.blocks
@@ -91,32 +97,32 @@ def test_timeline_ends_at_the_snapshot_state(fixtures_dir: Path, name: str) -> N
     assert (both["total"] <= both["reserved_bytes"]).all()
 
 
-def test_formats_are_recognized(fixtures_dir: Path) -> None:
-    memory = fixtures_dir / "memory"
-    legacy = load_memory_snapshot(memory / "mud_memory_snapshot.pkl")
+def test_formats_are_recognized(real_data: Callable[[str], Path]) -> None:
+    legacy = load_memory_snapshot(real_data("memory/mud_memory_snapshot.pkl"))
     assert legacy.legacy_segment_list and len(legacy.trace) == 0 and len(legacy.segments) == 255
 
-    empty = load_memory_snapshot(memory / "mud_dump_snapshot.pickle")
+    empty = load_memory_snapshot(real_data("memory/mud_dump_snapshot.pickle"))
     assert len(empty.trace) == 0 and not empty.legacy_segment_list
     assert set(empty.timeline().events["action"]) == {"preexisting"}
 
-    old = load_memory_snapshot(memory / "cran_memory_snapshot.pickle")
+    old = load_memory_snapshot(real_data("memory/cran_memory_snapshot.pickle"))
     assert old.trace["time_us"].isna().all()
     assert any("no time_us" in note for note in old.timeline().notes)
 
-    newest = load_memory_snapshot(memory / "bcraf_memory_snapshot.pickle")
+    newest = load_memory_snapshot(real_data("memory/bcraf_memory_snapshot.pickle"))
     assert set(newest.trace["compile_context"]) == {"N/A"}
     assert "Optimizer.step#AdamW.step" in set(newest.annotations["name"])
 
-    freed_segments = load_memory_snapshot(memory / "kk_memory_files_memory_ctx256_forward_.pickle")
+    freed_segments = load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx256_forward_.pickle"))
     assert (freed_segments.trace["action"] == "segment_free").sum() == 287
 
-    compiled = load_memory_snapshot(memory / "kk_cs336_systems_memory_logs_memory_ctx128_forward.pickle")
+    compiled_name = "memory/kk_cs336_systems_memory_logs_memory_ctx128_forward.pickle"
+    compiled = load_memory_snapshot(real_data(compiled_name))
     assert compiled.annotations["name"].str.contains("dynamo_timed").any()
 
 
-def test_full_step_has_phases_and_categories(fixtures_dir: Path) -> None:
-    snap = load_memory_snapshot(fixtures_dir / "memory/kk_memory_files_memory_ctx128_fullstep.pickle")
+def test_full_step_has_phases_and_categories(real_data: Callable[[str], Path]) -> None:
+    snap = load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx128_fullstep.pickle"))
     timeline = snap.timeline()
     phases = set(timeline.events["phase"])
     assert {"forward", "backward", "optimizer", "before"} <= phases
@@ -137,8 +143,8 @@ def test_full_step_has_phases_and_categories(fixtures_dir: Path) -> None:
     assert 0.0 <= snap.fragmentation() <= 1.0
 
 
-def test_public_api_and_display(fixtures_dir: Path) -> None:
-    snap = nbt.load_memory_snapshot(fixtures_dir / "memory/shrey_profile_grad.pkl")
+def test_public_api_and_display(real_data: Callable[[str], Path]) -> None:
+    snap = nbt.load_memory_snapshot(real_data("memory/shrey_profile_grad.pkl"))
     assert isinstance(snap, nbt.MemorySnapshot)
     text = repr(snap)
     assert "total_reserved: 4.1GiB" in text and "7 segments" in text
@@ -213,8 +219,8 @@ def test_pickle_naming_eval_or_a_class_is_refused(tmp_path: Path) -> None:
         restricted_loads(pickle.dumps(__import__("collections").OrderedDict(a=1)))
 
 
-def test_corrupt_truncated_missing_and_wrong_files(tmp_path: Path, fixtures_dir: Path) -> None:
-    good = (fixtures_dir / "memory/shrey_profile_grad.pkl").read_bytes()
+def test_corrupt_truncated_missing_and_wrong_files(tmp_path: Path, recorded_memory: Any) -> None:
+    good = recorded_memory.snapshot.read_bytes()
     truncated = tmp_path / "truncated.pkl"
     truncated.write_bytes(good[: len(good) // 2])
     with pytest.raises(SnapshotError, match=r"truncated\.pkl.*corrupt or truncated"):
@@ -232,14 +238,21 @@ def test_corrupt_truncated_missing_and_wrong_files(tmp_path: Path, fixtures_dir:
     with pytest.raises(SnapshotError, match="not a CUDA allocator snapshot"):
         load_memory_snapshot(not_snapshot)
     with pytest.raises(SnapshotError, match="load_memory_timeline"):
-        load_memory_snapshot(fixtures_dir / "memory/hta_export_memory_timeline.raw.gz")
+        load_memory_snapshot(recorded_memory.raw_export)
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------
 
 
-def test_raw_memory_timeline_export(fixtures_dir: Path) -> None:
-    path = fixtures_dir / "memory/hta_export_memory_timeline.raw.gz"
+@pytest.mark.parametrize("source", ["real", "recorded"])
+def test_raw_memory_timeline_export(
+    real_data: Callable[[str], Path], recorded_memory: Any, source: str
+) -> None:
+    """A real GPU export, and one torch writes for this session's CPU step."""
+    if source == "real":
+        path = real_data("memory/hta_export_memory_timeline.raw.gz")
+    else:
+        path = recorded_memory.raw_export
     rows = json.loads(gzip.decompress(path.read_bytes()))
     timeline = load_memory_timeline(path)
     assert len(timeline.events) == len(rows)
@@ -270,8 +283,11 @@ def test_raw_memory_timeline_export(fixtures_dir: Path) -> None:
     assert int(timeline.alive_at_peak(top=None)["bytes"].sum()) == timeline.peak_bytes
 
 
-def test_timeline_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> None:
-    timeline = load_memory_snapshot(fixtures_dir / "memory/bcraf_memory_snapshot.pickle").timeline()
+@pytest.mark.parametrize("name", ["bcraf_memory_snapshot.pickle", RECORDED])
+def test_timeline_save_load_roundtrip(
+    tmp_path: Path, snapshot_file: Callable[[str], Path], name: str
+) -> None:
+    timeline = load_memory_snapshot(snapshot_file(name)).timeline()
     path = timeline.save(tmp_path / "t.parquet")
     again = load_memory_timeline(path)
     assert again.peak_bytes == timeline.peak_bytes
@@ -279,7 +295,7 @@ def test_timeline_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> Non
     assert again.notes == timeline.notes and again.device == timeline.device
     assert again.category_peaks().equals(timeline.category_peaks())
     with pytest.raises(SnapshotError, match="not a saved memory timeline"):
-        nbt.MemoryTimeline.load(fixtures_dir / "memory/shrey_profile_grad.pkl")
+        nbt.MemoryTimeline.load(snapshot_file(name))
 
 
 def _frames(*names: tuple[str, str]) -> list[dict[str, object]]:
@@ -367,8 +383,11 @@ def test_load_memory_timeline_errors(tmp_path: Path) -> None:
         load_memory_timeline(tmp_path / "nothing.json")
 
 
-def test_snapshot_save_load_roundtrip(tmp_path: Path, fixtures_dir: Path) -> None:
-    snap = load_memory_snapshot(fixtures_dir / "memory/kk_memory_files_memory_ctx128_fullstep.pickle")
+@pytest.mark.parametrize("name", ["kk_memory_files_memory_ctx128_fullstep.pickle", RECORDED])
+def test_snapshot_save_load_roundtrip(
+    tmp_path: Path, snapshot_file: Callable[[str], Path], name: str
+) -> None:
+    snap = load_memory_snapshot(snapshot_file(name))
     folder = snap.save(tmp_path / "saved")
     again = load_memory_snapshot(folder)
     assert again.stats().lines() == snap.stats().lines()

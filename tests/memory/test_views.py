@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +106,7 @@ def test_compare_and_its_display() -> None:
     assert {t.name for t in figure.data} >= {"before", "after"}
 
 
-def test_figures_and_escaping(fixtures_dir: Path) -> None:
+def test_figures_and_escaping() -> None:
     rows = [(*r[:5], "<script>alert(1)</script>" if r[5] == "lin" else r[5], r[6]) for r in HAND_MADE]
     timeline = MemoryTimeline(events=_events(rows), device="<b>dev</b>")
     html = timeline._html() + alive_at_peak_html(timeline)
@@ -118,7 +119,9 @@ def test_figures_and_escaping(fixtures_dir: Path) -> None:
     assert bars["parameter"]["<script>alert(1)</script>"] == 100  # bytes axis: plain B at this size
     assert bars["gradient"]["<script>alert(1)</script>"] == 100
 
-    snapshot = nbt.load_memory_snapshot(fixtures_dir / "memory/kk_memory_files_memory_ctx128_fullstep.pickle")
+
+def test_figures_of_a_real_gpu_snapshot(real_data: Callable[[str], Path]) -> None:
+    snapshot = nbt.load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx128_fullstep.pickle"))
     segments = segment_figure(snapshot)
     assert len(segments.data) == 3 and len(segments.data[0].y) == 200  # the 200 largest of 1010
     full = snapshot.timeline().figure()
@@ -166,16 +169,16 @@ def test_memory_cell_magic(shell: InteractiveShell) -> None:
     assert {"forward", "backward", "optimizer"} <= set(result.events["phase"])
 
 
-def test_snapshot_line_magic(shell: InteractiveShell, fixtures_dir: Path) -> None:
-    path = fixtures_dir / "memory/shrey_profile_grad.pkl"
+def test_snapshot_line_magic(shell: InteractiveShell, real_data: Callable[[str], Path]) -> None:
+    path = real_data("memory/shrey_profile_grad.pkl")
     result = shell.run_line_magic("nbt", f"snapshot {path}")
     assert isinstance(result, nbt.MemorySnapshot)
     assert shell.user_ns["_nbt"] is result
     assert result.stats().lines()[0] == "segments: 7"
 
 
-def test_report_embeds_memory_figures(tmp_path: Path, fixtures_dir: Path) -> None:
-    snapshot = nbt.load_memory_snapshot(fixtures_dir / "memory/shrey_profile_grad.pkl")
+def test_report_embeds_memory_figures(tmp_path: Path, real_data: Callable[[str], Path]) -> None:
+    snapshot = nbt.load_memory_snapshot(real_data("memory/shrey_profile_grad.pkl"))
     path = tmp_path / "memory.html"
     nbt.report(snapshot, snapshot.timeline(), path=path)
     text = path.read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -36,9 +37,9 @@ def _device_name(path: Path) -> str:
 
 
 @pytest.mark.parametrize(("trace", "entry"), TRACES)
-def test_device_names_from_real_traces_map_to_their_entry(fixtures_dir: Path, trace: str,
+def test_device_names_from_real_traces_map_to_their_entry(real_data: Callable[[str], Path], trace: str,
                                                           entry: str | None) -> None:
-    name = _device_name(fixtures_dir / "traces" / trace)
+    name = _device_name(real_data("traces") / trace)
     found = lookup_device(name)
     assert (found.name if found else None) == entry, name
 

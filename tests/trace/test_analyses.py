@@ -43,8 +43,8 @@ def _launch(ts, corr):
     }
 
 
-def test_qwen_h100_is_consistent_where_hta_asserts(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "tracelens_h100_qwen")
+def test_qwen_h100_is_consistent_where_hta_asserts(real_data):
+    trace = nbt.load_trace(real_data("traces/tracelens_h100_qwen"))
     tb = nbt.temporal_breakdown(trace)
     row = tb.iloc[0]
     assert row["idle_us"] >= 0 and row["compute_us"] > 0 and row["non_compute_us"] >= 0
@@ -53,8 +53,8 @@ def test_qwen_h100_is_consistent_where_hta_asserts(fixtures_dir):
 
 
 @pytest.mark.parametrize("folder", ["hta_cpu_only", "hta_rank_non_gpu"])
-def test_cpu_only_traces_get_consistent_answers(fixtures_dir, folder):
-    trace = nbt.load_trace(fixtures_dir / "traces" / folder)
+def test_cpu_only_traces_get_consistent_answers(real_data, folder):
+    trace = nbt.load_trace(real_data("traces") / folder)
     tb = nbt.temporal_breakdown(trace).iloc[0]
     assert tb["span_us"] > 0
     assert tb["idle_us"] + tb["compute_us"] + tb["non_compute_us"] == pytest.approx(tb["span_us"])
@@ -62,8 +62,8 @@ def test_cpu_only_traces_get_consistent_answers(fixtures_dir, folder):
     assert overlap["method"] == "cpu-gloo"
 
 
-def test_cpu_gloo_overlap_counts_gloo_time(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_cpu_only")
+def test_cpu_gloo_overlap_counts_gloo_time(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_cpu_only"))
     row = nbt.comm_comp_overlap(trace).iloc[0]
     assert row["comm_time_us"] > 1e6  # eleven ~170 ms gloo:all_reduce calls
     assert 0 <= row["overlap_pct"] <= 100
@@ -147,8 +147,8 @@ def test_idle_breakdown_categories(tmp_path):
     assert idle.to_dict() == {"host_wait": 40.0, "kernel_wait": 2.0, "other": 130.0}
 
 
-def test_bad_by_option(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_cpu_only")
+def test_bad_by_option(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_cpu_only"))
     with pytest.raises(NbtUsageError, match="by must be"):
         nbt.comm_comp_overlap(trace, by="stream")
 
@@ -169,8 +169,8 @@ def test_public_names():
     assert np.isnan(np.nan)
 
 
-def test_per_collective_rows_carry_message_sizes(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_nccl_parser_config")
+def test_per_collective_rows_carry_message_sizes(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_nccl_parser_config"))
     calls = nbt.comm_comp_overlap(trace, by="collective")
     assert set(calls["collective"]) == {"allreduce", "broadcast"}
     allreduce = calls[calls["collective"] == "allreduce"]

@@ -24,9 +24,9 @@ SETS = {
 
 
 @pytest.fixture(scope="module", params=sorted(SETS))
-def case(request, fixtures_dir):
-    reference = fixtures_dir / "reference" / "hta" / request.param
-    trace = nbt.load_trace(fixtures_dir / "traces" / SETS[request.param])
+def case(request, real_data):
+    reference = real_data("reference/hta") / request.param
+    trace = nbt.load_trace(real_data("traces") / SETS[request.param])
     return trace, reference
 
 

@@ -9,8 +9,8 @@ from nbtoolkit.errors import NbtUsageError
 
 
 @pytest.fixture(scope="module")
-def dlrm(fixtures_dir):
-    return nbt.load_trace(fixtures_dir / "traces" / "param_dlrm_8rank")
+def dlrm(real_data):
+    return nbt.load_trace(real_data("traces/param_dlrm_8rank"))
 
 
 def test_stragglers_on_eight_ranks(dlrm):
@@ -30,9 +30,9 @@ def test_stragglers_threshold(dlrm):
     assert "No straggler" in repr(report)
 
 
-def test_compare_before_after(fixtures_dir):
-    before = nbt.load_trace(fixtures_dir / "traces" / "hta_trace_diff" / "control")
-    after = nbt.load_trace(fixtures_dir / "traces" / "hta_trace_diff" / "test")
+def test_compare_before_after(real_data):
+    before = nbt.load_trace(real_data("traces/hta_trace_diff/control"))
+    after = nbt.load_trace(real_data("traces/hta_trace_diff/test"))
     diff = nbt.compare(before, after)
     summary = diff.summary.set_index("metric")
     step = summary.loc["step time (ms, median)"]
@@ -46,14 +46,14 @@ def test_compare_before_after(fixtures_dir):
     assert "Trace comparison" in repr(diff)
 
 
-def test_compare_same_trace_changes_nothing(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_trace_compare" / "base")
+def test_compare_same_trace_changes_nothing(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_trace_compare/base"))
     diff = nbt.compare(trace, trace)
     assert (diff.summary["delta"] == 0).all()
     assert (diff.operators["delta_ms"] == 0).all()
 
 
-def test_compare_needs_traces(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_trace_compare" / "base")
+def test_compare_needs_traces(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_trace_compare/base"))
     with pytest.raises(NbtUsageError, match="two Traces"):
         nbt.compare(trace, "after.json")

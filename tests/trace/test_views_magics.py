@@ -11,8 +11,8 @@ from nbtoolkit.views.trace_views import OverlapView, TraceReport, overlap_chart,
 
 
 @pytest.fixture(scope="module")
-def two_ranks(fixtures_dir):
-    return nbt.load_trace(fixtures_dir / "traces" / "hta_trace_filter_2rank")
+def two_ranks(real_data):
+    return nbt.load_trace(real_data("traces/hta_trace_filter_2rank"))
 
 
 def test_timeline_has_lanes_per_rank_and_stream_and_marks_steps(two_ranks):
@@ -25,8 +25,8 @@ def test_timeline_has_lanes_per_rank_and_stream_and_marks_steps(two_ranks):
     assert len(fig.layout.shapes) == 2  # two ProfilerSteps shaded
 
 
-def test_timeline_is_decimated_on_large_traces(fixtures_dir):
-    trace = nbt.load_trace(fixtures_dir / "traces" / "hta_df_index_resolver")
+def test_timeline_is_decimated_on_large_traces(real_data):
+    trace = nbt.load_trace(real_data("traces/hta_df_index_resolver"))
     n_events = len(trace.events[1])
     fig = timeline(trace, resolution=500)
     points = sum(sum(x is not None for x in data.x) for data in fig.data)
@@ -102,8 +102,8 @@ def test_html_escapes_script_names_in_every_view(tmp_path):
     assert "&lt;script&gt;" in TraceReport.of(trace)._repr_html_()
 
 
-def test_magic_overlap_from_a_path(shell, fixtures_dir):
-    folder = fixtures_dir / "traces" / "hta_trace_filter_2rank"
+def test_magic_overlap_from_a_path(shell, real_data):
+    folder = real_data("traces/hta_trace_filter_2rank")
     result = shell.run_line_magic("nbt", f"overlap {folder} --name ov")
     assert isinstance(result, OverlapView)
     assert shell.user_ns["ov"] is result
