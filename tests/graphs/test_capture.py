@@ -15,6 +15,8 @@ import torch
 import nbtoolkit as nbt
 from nbtoolkit.model.graphs import GraphReport
 
+from ._same_report import assert_same_report
+
 log = logging.getLogger("nbt_test_graphs")
 
 
@@ -433,23 +435,5 @@ def test_live_capture_and_torch_trace_log_give_the_same_report(tmp_path: Any) ->
         return [c.split(":")[-1] for c in report.compile_ids if not c.endswith("-/-")]
 
     assert ids(live) == ids(from_log)
-    columns = {
-        "graphs": ["compile_id", "function", "file", "line", "op_count", "fx_code"],
-        "breaks": [
-            "compile_id",
-            "gb_type",
-            "gb_id",
-            "user_file",
-            "user_line",
-            "user_function",
-            "source_line",
-        ],
-        "recompiles": ["compile_id", "previous_compile_id", "failed_guard"],
-        "failures": ["compile_id", "failure_type", "description"],
-    }
-    for name, cols in columns.items():
-        a = getattr(live, name)[cols].reset_index(drop=True)
-        b = getattr(from_log, name)[cols].reset_index(drop=True)
-        for col in cols:
-            assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), f"{name}.{col} differ"
+    assert_same_report(live, from_log)
     assert len(live.graphs) == 6 and len(live.breaks) == 4 and len(live.recompiles) == 3

@@ -30,6 +30,8 @@ import nbtoolkit as nbt
 from nbtoolkit.model.graphs import GraphReport
 from nbtoolkit.views.graphs import compile_time_chart, graph_break_explorer, graph_code_view
 
+from ._same_report import assert_same_report
+
 pytestmark = pytest.mark.slow  # the recording runs torch.compile in a subprocess
 
 FIRST_SIZE, SECOND_SIZE = 8, 16
@@ -318,21 +320,4 @@ def test_live_capture_of_the_same_program_gives_the_same_report(
 ) -> None:
     """nbt.capture_graphs of the same run in this process equals what TORCH_TRACE wrote."""
     _, live = live_runs
-    columns = {
-        "graphs": ["compile_id", "function", "file", "line", "op_count", "fx_code"],
-        "breaks": [
-            "compile_id",
-            "gb_type",
-            "gb_id",
-            "user_file",
-            "user_line",
-            "user_function",
-            "source_line",
-        ],
-        "recompiles": ["compile_id", "previous_compile_id", "failed_guard"],
-        "failures": ["compile_id", "failure_type", "description"],
-    }
-    for name, cols in columns.items():
-        a = getattr(live, name)[cols].reset_index(drop=True).astype(str)
-        b = getattr(report, name)[cols].reset_index(drop=True).astype(str)
-        pd.testing.assert_frame_equal(a, b, obj=name)
+    assert_same_report(live, report)
