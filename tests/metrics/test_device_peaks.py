@@ -39,7 +39,7 @@ def _device_name(path: Path) -> str:
 @pytest.mark.parametrize(("trace", "entry"), TRACES)
 def test_device_names_from_real_traces_map_to_their_entry(real_data: Callable[[str], Path], trace: str,
                                                           entry: str | None) -> None:
-    name = _device_name(real_data("traces") / trace)
+    name = _device_name(real_data(f"traces/{trace}"))
     found = lookup_device(name)
     assert (found.name if found else None) == entry, name
 

@@ -54,7 +54,7 @@ def test_qwen_h100_is_consistent_where_hta_asserts(real_data):
 
 @pytest.mark.parametrize("folder", ["hta_cpu_only", "hta_rank_non_gpu"])
 def test_cpu_only_traces_get_consistent_answers(real_data, folder):
-    trace = nbt.load_trace(real_data("traces") / folder)
+    trace = nbt.load_trace(real_data(f"traces/{folder}"))
     tb = nbt.temporal_breakdown(trace).iloc[0]
     assert tb["span_us"] > 0
     assert tb["idle_us"] + tb["compute_us"] + tb["non_compute_us"] == pytest.approx(tb["span_us"])

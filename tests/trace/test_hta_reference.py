@@ -25,8 +25,8 @@ SETS = {
 
 @pytest.fixture(scope="module", params=sorted(SETS))
 def case(request, real_data):
-    reference = real_data("reference/hta") / request.param
-    trace = nbt.load_trace(real_data("traces") / SETS[request.param])
+    reference = real_data(f"reference/hta/{request.param}")
+    trace = nbt.load_trace(real_data(f"traces/{SETS[request.param]}"))
     return trace, reference
 
 
