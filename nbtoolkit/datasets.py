@@ -138,23 +138,26 @@ class DataRegistry:
             if candidate.exists():
                 return candidate
         wanted = self.artifacts(key)
-        tried = ", ".join(str(f) for f in folders) or "no NBT_DATA folder and no ../shared/fixtures"
+        if folders:
+            not_found = f"is not in {', '.join(str(f) for f in folders)}"
+        else:
+            not_found = "is in no data folder (NBT_DATA unset, no ../shared/fixtures beside a checkout)"
         if not wanted:
             raise DataUnavailableError(
-                f"real data {key!r} is not in {tried} and not in nbtoolkit's registry of downloadable "
+                f"real data {key!r} {not_found} and not in nbtoolkit's registry of downloadable "
                 "artifacts: point NBT_DATA at a folder that holds it"
             )
         no_copy = [a.name for a in wanted if not a.url]
         if no_copy:
             raise DataUnavailableError(
-                f"real data {key!r} is not in {tried}, and {len(no_copy)} of its files have no public copy "
+                f"real data {key!r} {not_found}, and {len(no_copy)} of its files have no public copy "
                 f"to download (e.g. {no_copy[0]}): set NBT_DATA=/path/to/fixtures to a folder that holds it"
             )
         cache = self._cache_dir if self._cache_dir is not None else _default_cache()
         download = self._download if self._download is not None else _download_allowed()
         if not download and not all((cache / a.name).is_file() for a in wanted):
             raise DataUnavailableError(
-                f"real data {key!r} is not in {tried} nor in the download cache {cache}, and "
+                f"real data {key!r} {not_found} nor in the download cache {cache}, and "
                 "NBT_DATA_DOWNLOAD=0 forbids downloading it: set NBT_DATA=/path/to/fixtures "
                 "or allow the download"
             )
