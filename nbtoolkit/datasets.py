@@ -37,6 +37,9 @@ from nbtoolkit.errors import DataError, DataUnavailableError, NbtUsageError
 __all__ = ["Artifact", "DataRegistry", "data_folders", "locate_data"]
 
 REGISTRY_FILE = Path(__file__).with_name("data") / "registry.csv"
+# A source checkout (editable install) has the repository root two levels above this file;
+# the project's own machines keep the fixtures beside it.
+CHECKOUT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 # Seconds to wait for a server before giving up: an offline machine fails at once (no
 # route), a machine behind a silent firewall must not hang a test session.
 DOWNLOAD_TIMEOUT_S = 20.0
@@ -58,11 +61,8 @@ def data_folders() -> list[Path]:
     folders = []
     if os.environ.get("NBT_DATA"):
         folders.append(Path(os.environ["NBT_DATA"]).expanduser())
-    # A source checkout (editable install) has the repository root two levels above this file.
-    checkout = Path(__file__).resolve().parents[1]
-    shared = checkout.parent / "shared" / "fixtures"
-    if shared.is_dir():
-        folders.append(shared)
+    if CHECKOUT_FIXTURES.is_dir():
+        folders.append(CHECKOUT_FIXTURES)
     return folders
 
 

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.datasets import REGISTRY_FILE, Artifact, DataRegistry, data_folders, default_registry
+from nbtoolkit.datasets import (
+    CHECKOUT_FIXTURES,
+    REGISTRY_FILE,
+    Artifact,
+    DataRegistry,
+    data_folders,
+    default_registry,
+)
 from nbtoolkit.errors import DataError, DataUnavailableError, NbtUsageError
 
 CONTENT = b'{"traceEvents": []}\n' * 50
@@ -155,7 +162,7 @@ def test_the_shipped_registry_is_well_formed() -> None:
 
 def test_the_registry_matches_our_data_folder() -> None:
     """On machines with the fixtures: every file is registered with the right checksum."""
-    shared = Path(nbt.__file__).resolve().parents[1].parent / "shared" / "fixtures"
+    shared = CHECKOUT_FIXTURES
     if not shared.is_dir():
         pytest.skip(f"no fixtures folder {shared} beside this checkout (the project's machines have it)")
     registry = default_registry()
