@@ -31,6 +31,7 @@ from nbtoolkit.errors import (
     SnapshotError,
     TraceError,
 )
+from nbtoolkit.model import _providers
 
 __version__ = "0.1.0"
 
@@ -88,6 +89,26 @@ _EAGER_EXPORTS = [
 ]
 # Computed, so that a new entry of _LAZY_EXPORTS is public at once; a test checks it is sorted.
 __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
+
+
+# Modules that implement methods of model objects (model._providers): imported on the first
+# such call, so `import nbtoolkit` stays light and the model layer never imports upward.
+_PROVIDER_MODULES = (
+    "nbtoolkit.analysis.breakdown",
+    "nbtoolkit.analysis.graph_breaks",
+    "nbtoolkit.analysis.memory",
+    "nbtoolkit.optimizations.checkpoint",
+    "nbtoolkit.views.graphs",
+    "nbtoolkit.views.memory",
+)
+
+
+def _import_providers() -> None:
+    for module_name in _PROVIDER_MODULES:
+        importlib.import_module(module_name)
+
+
+_providers.add_loader(_import_providers)
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbtoolkit.analysis import _kernels as k
-from nbtoolkit.analysis._intervals import intersection_length
+from nbtoolkit.analysis._intervals import intersection_length, self_times
+from nbtoolkit.model._providers import provides
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -224,3 +225,26 @@ def idle_breakdown(
                     (rank, int(stream), category_name, float(value), value / total if total else np.nan)
                 )
     return pd.DataFrame(frames, columns=["rank", "stream", "idle_category", "idle_us", "idle_ratio"])
+
+
+@provides("Trace.top_operators")
+def top_operators(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
+    """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
+    import pandas as pd
+
+    rows = []
+    for r in [rank] if rank is not None else trace.ranks:
+        frame = trace.rank_events(r)
+        host = frame[frame["stream"].to_numpy() < 0]
+        ops = host.assign(self_us=self_times(host))
+        ops = ops[ops["cat"] == "cpu_op"]
+        rows.append(ops[["name", "dur", "self_us"]])
+    if not rows:
+        return pd.DataFrame(columns=["name", "calls", "self_us", "total_us"])
+    ops = pd.concat(rows, ignore_index=True)
+    ops["name"] = ops["name"].astype(str)
+    table = ops.groupby("name", sort=False).agg(
+        calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
+    )
+    table = table.reset_index().sort_values(["self_us", "name"], ascending=[False, True], kind="stable")
+    return table.head(n).reset_index(drop=True)

@@ -535,7 +535,7 @@ def _baseline_rows(
         )
     note = ""
     if rows:
-        from nbtoolkit.model.memory import format_bytes
+        from nbtoolkit.units import format_bytes
 
         total = sum(r[2] for r in rows)
         note = (

@@ -24,37 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.units import format_bytes, format_seconds  # re-exported: older imports name them here
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Comparison", "Measurement", "format_bytes", "format_seconds"]
-
-
-def format_bytes(n: float | None) -> str:
-    """Bytes in binary units with the unit named: ``1.50 MiB``."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "-"
-    value = float(n)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{sign}{value:,.0f} {unit}" if unit == "B" else f"{sign}{value:,.2f} {unit}"
-        value /= 1024
-    return f"{sign}{value:,.2f} TiB"  # pragma: no cover - loop always returns
-
-
-def format_seconds(s: float | None) -> str:
-    """Seconds with the unit that reads best: ``12.3 ms``, ``1.20 s``, ``85 µs``."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "-"
-    magnitude = abs(s)
-    if magnitude >= 1:
-        return f"{s:,.2f} s"
-    if magnitude >= 1e-3:
-        return f"{s * 1e3:,.1f} ms"
-    return f"{s * 1e6:,.0f} µs"
 
 
 @dataclass

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.units import format_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,12 +42,6 @@ __all__ = ["GraphComparison", "GraphReport"]
 
 _FRAMES = ("graphs", "breaks", "recompiles", "failures", "compiles")
 _FORMAT = "nbtoolkit.GraphReport/1"
-
-
-def _seconds(s: float | None) -> str:
-    from nbtoolkit.model.comparison import format_seconds
-
-    return format_seconds(s)
 
 
 def _first_sentence(text: Any, limit: int = 170) -> str:
@@ -144,9 +140,7 @@ class GraphReport(Result):
 
         See :func:`nbtoolkit.analysis.graph_breaks.break_summary` for the columns and ranking.
         """
-        from nbtoolkit.analysis.graph_breaks import break_summary
-
-        return break_summary(self.breaks)
+        return provided("GraphReport.break_summary")(self.breaks)
 
     def compare(
         self, other: GraphReport, *, labels: tuple[str, str] = ("before", "after")
@@ -156,21 +150,15 @@ class GraphReport(Result):
 
     def explorer(self) -> Any:
         """The graph-break explorer widget (ipywidgets): ranked breaks, source, hints, graphs around."""
-        from nbtoolkit.views.graphs import graph_break_explorer
-
-        return graph_break_explorer(self)
+        return provided("GraphReport.explorer")(self)
 
     def code_view(self) -> Any:
         """A widget showing the FX code of the graph picked in a dropdown."""
-        from nbtoolkit.views.graphs import graph_code_view
-
-        return graph_code_view(self)
+        return provided("GraphReport.code_view")(self)
 
     def compile_time_chart(self) -> Any:
         """Plotly bar chart of the compile time of each compile, coloured by status."""
-        from nbtoolkit.views.graphs import compile_time_chart
-
-        return compile_time_chart(self)
+        return provided("GraphReport.compile_time_chart")(self)
 
     def _report_figures(self) -> list[Any]:
         """Figures nbt.report embeds with this report: the compile-time chart."""
@@ -255,24 +243,24 @@ class GraphReport(Result):
             ("recompiles", f"{len(self.recompiles)}"),
             ("restarts", f"{self.restarts}"),
             ("compile failures", f"{len(self.compile_failures)}"),
-            ("compile time", _seconds(self.compile_time_s)),
+            ("compile time", format_seconds(self.compile_time_s)),
         ]
         if not self.frames_given_up.empty:
             rows.insert(5, ("frames run eagerly after a break", f"{len(self.frames_given_up)}"))
         if self.ranks:
             rows.insert(0, ("ranks", ", ".join(str(r) for r in self.ranks)))
         if self.first_call_s is not None:
-            rows.append(("first call (compile included)", _seconds(self.first_call_s)))
+            rows.append(("first call (compile included)", format_seconds(self.first_call_s)))
         if self.step_time_s is not None:
-            rows.append((f"step time compiled (median of {self.steps})", _seconds(self.step_time_s)))
+            rows.append((f"step time compiled (median of {self.steps})", format_seconds(self.step_time_s)))
         if self.eager_step_time_s is not None:
-            rows.append((f"step time eager (median of {self.steps})", _seconds(self.eager_step_time_s)))
+            rows.append((f"step time eager (median of {self.steps})", format_seconds(self.eager_step_time_s)))
         between = self.eager_between_graphs_s
         if between is not None:
             # both measured under the profiler, so the share compares like with like
             base = self.profiled_step_time_s
             share = f" ({between / base:.0%} of a profiled step)" if base else ""
-            rows.append(("eager code after graph breaks, per step", _seconds(between) + share))
+            rows.append(("eager code after graph breaks, per step", format_seconds(between) + share))
         return rows
 
     @property
@@ -426,7 +414,7 @@ class GraphComparison(Result):
             if not _is_number(v):
                 return "-" if v is None or name.endswith(")") else f"{v}"
             if name.endswith("(s)"):
-                return _seconds(float(v))
+                return format_seconds(float(v))
             if name.endswith("(×)"):
                 return f"{v:.2f}×"
             return f"{v}"

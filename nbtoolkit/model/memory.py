@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.units import format_bytes  # re-exported: older imports name it here
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,16 +82,6 @@ EVENT_COLUMNS: tuple[str, ...] = (
 )
 
 _FORMAT_VERSION = 1
-
-
-def format_bytes(num: float) -> str:
-    """Human-readable binary size with its unit (``1.5 MiB``), the way memory_viz prints sizes."""
-    value = float(num)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024.0:
-            return f"{value:,.1f} {unit}"
-        value /= 1024.0
-    return f"{value:,.1f} PiB"
 
 
 def empty_events() -> pd.DataFrame:
@@ -211,71 +203,54 @@ class MemoryTimeline(Result):
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)
 
-    # -- derived views (pure functions in analysis.memory) -----------------------------
+    # -- derived views (pure functions in analysis.memory, found through model._providers) --
     def by_category(self, *, coalesce: bool = True) -> pd.DataFrame:
         """Allocated bytes over time per category: columns ``time_us``, one per category, ``total``.
 
         With ``coalesce`` one row per distinct time (the state after all events at that
         time, as torch's ``export_memory_timeline`` does); otherwise one row per event.
         """
-        from nbtoolkit.analysis.memory import category_series
-
-        return category_series(self.events, coalesce=coalesce)
+        return provided("MemoryTimeline.by_category")(self.events, coalesce=coalesce)
 
     @property
     def peak_bytes(self) -> int:
         """Highest total allocated bytes over the run (the running sum of ``delta_bytes``)."""
-        from nbtoolkit.analysis.memory import peak
-
-        return peak(self.events)[1]
+        return int(provided("MemoryTimeline.peak")(self.events)[1])
 
     @property
     def peak_time(self) -> float:
         """``time_us`` at which :attr:`peak_bytes` was first reached."""
-        from nbtoolkit.analysis.memory import peak
-
-        index = peak(self.events)[0]
+        index = provided("MemoryTimeline.peak")(self.events)[0]
         return float(self.events["time_us"].iloc[index]) if index >= 0 else 0.0
 
     def category_peaks(self) -> pd.DataFrame:
         """Per category: its own peak (``peak_bytes``) and its bytes at the total peak (``at_peak_bytes``)."""
-        from nbtoolkit.analysis.memory import category_peaks
-
-        return category_peaks(self.events)
+        return provided("MemoryTimeline.category_peaks")(self.events)
 
     def alive_at_peak(self, top: int = 20) -> pd.DataFrame:
         """The largest allocations live at the peak: bytes, category, module, phase, shape, stack."""
-        from nbtoolkit.analysis.memory import alive_at_peak
-
-        frame = alive_at_peak(self.events, top=top)
+        frame = provided("MemoryTimeline.alive_at_peak")(self.events, top=top)
         frame["stack"] = [self.stacks[i] if 0 <= i < len(self.stacks) else "" for i in frame["stack_id"]]
         return frame
 
     def by_module(self) -> pd.DataFrame:
         """Per module path: bytes allocated, bytes alive at the peak, by category."""
-        from nbtoolkit.analysis.memory import module_attribution
-
-        return module_attribution(self.events)
+        return provided("MemoryTimeline.by_module")(self.events)
 
     def by_phase(self) -> pd.DataFrame:
         """Per phase (before/forward/backward/optimizer/other): allocated, freed, peak within the phase."""
-        from nbtoolkit.analysis.memory import phase_attribution
-
-        return phase_attribution(self.events)
+        return provided("MemoryTimeline.by_phase")(self.events)
 
     def compare(
         self, other: MemoryTimeline, *, labels: tuple[str, str] = ("before", "after")
     ) -> MemoryComparison:
         """Peaks of this timeline (before) against ``other`` (after), per category and in total."""
-        from nbtoolkit.analysis.memory import compare_peaks
-
-        return MemoryComparison(table=compare_peaks(self.events, other.events, labels=labels), labels=labels)
+        table = provided("MemoryTimeline.compare")(self.events, other.events, labels=labels)
+        return MemoryComparison(table=table, labels=labels)
 
     def figure(self, **options: Any) -> Any:
         """The stacked-area plot by category with phase bands and a module lane (plotly)."""
-        from nbtoolkit.views.memory import timeline_figure
-
-        return timeline_figure(self, **options)
+        return provided("MemoryTimeline.figure")(self, **options)
 
     def _report_figures(self) -> list[Any]:
         return [self.figure()]

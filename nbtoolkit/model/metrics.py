@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import MetricsError, NbtUsageError
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.units import format_flop_rate, format_flops, format_percent, format_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,41 +57,6 @@ MODULE_COLUMNS = [
     "module", "depth", "forward_flops", "backward_flops", "recompute_flops", "model_flops", "hardware_flops",
 ]
 OP_COLUMNS = ["op", "forward_flops", "backward_flops", "recompute_flops", "model_flops", "hardware_flops"]
-
-_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def format_flops(n: float, unit: str = "FLOP") -> str:
-    """A FLOP count with an SI prefix and its unit: ``1.23 GFLOP``."""
-    value = float(n)
-    for scale, prefix in _PREFIXES:
-        if abs(value) >= scale:
-            return f"{value / scale:,.2f} {prefix}{unit}"
-    return f"{value:,.0f} {unit}"
-
-
-def format_flop_rate(n: float) -> str:
-    """FLOP/s with an SI prefix: ``312.00 TFLOP/s``."""
-    return format_flops(n, "FLOP/s")
-
-
-def _format_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:,.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:,.2f} ms"
-    return f"{s * 1e6:,.0f} µs"
-
-
-def _pct(x: float) -> str:
-    """A fraction as a percentage with about three significant digits: 41.2%, 4.12%, 0.041%."""
-    pct = 100 * x
-    if pct >= 10:
-        return f"{pct:.1f}%"
-    if pct >= 1:
-        return f"{pct:.2f}%"
-    return f"{pct:.2g}%"
-
 
 def _empty_frame(columns: list[str]) -> pd.DataFrame:
     import pandas as pd
@@ -255,8 +221,8 @@ class StepMetrics(Result):
         """One line for other summaries (profile, comparison, cluster):
         ``MFU 12.3% · HFU 15.0% · 1.23 TFLOP/s model · 8,000 tokens/s (peak 10.00 TFLOP/s, table)``."""
         parts = [
-            f"MFU {_pct(self.mfu)}",
-            f"HFU {_pct(self.hfu)}",
+            f"MFU {format_percent(self.mfu)}",
+            f"HFU {format_percent(self.hfu)}",
             f"{format_flop_rate(self.flops_per_s)} model",
         ]
         if self.tokens_per_s is not None:
@@ -267,7 +233,7 @@ class StepMetrics(Result):
 
     def _rows(self) -> list[tuple[str, str]]:
         times = self.step_times_s
-        fmt = _format_seconds
+        fmt = format_seconds
         model = (f"{format_flops(self.model_flops)} (forward {format_flops(self.forward_flops)}"
                  f" + backward {format_flops(self.backward_flops)})")
         hardware = f"{format_flops(self.hardware_flops)} (recomputation {format_flops(self.recompute_flops)})"
@@ -282,8 +248,9 @@ class StepMetrics(Result):
             ("achieved", achieved),
         ]
         low, high = self.mfu_range
-        rows.append(("MFU", f"{_pct(self.mfu)} (range {_pct(low)} to {_pct(high)} over the timed steps)"))
-        rows.append(("HFU", _pct(self.hfu)))
+        spread = f"range {format_percent(low)} to {format_percent(high)} over the timed steps"
+        rows.append(("MFU", f"{format_percent(self.mfu)} ({spread})"))
+        rows.append(("HFU", format_percent(self.hfu)))
         if self.tokens_per_s is not None:
             rows.append(("tokens/s", f"{self.tokens_per_s:,.0f} ({self.tokens_per_step:,} tokens/step)"))
         if self.samples_per_s is not None:

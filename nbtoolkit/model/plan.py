@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.comparison import format_bytes, format_seconds
+from nbtoolkit.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -110,9 +111,7 @@ class RecomputePlan(Result):
 
     def apply(self, model: Any) -> Applied:
         """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
-        from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
-
-        return checkpoint_blocks(model, self.blocks)
+        return provided("RecomputePlan.apply")(model, self.blocks)
 
     # ---- display ----
     def _summary_lines(self) -> list[str]:

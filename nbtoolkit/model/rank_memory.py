@@ -14,8 +14,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.memory import MemoryTimeline, format_bytes
+from nbtoolkit.model.memory import MemoryTimeline
+from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -112,9 +114,7 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
 
     def figure(self, **options: Any) -> Any:
         """Total allocated bytes per rank over time, and each rank's peak by category (plotly)."""
-        from nbtoolkit.views.memory import ranks_figure
-
-        return ranks_figure(self, **options)
+        return provided("RankMemory.figure")(self, **options)
 
     def _report_figures(self) -> list[Any]:
         return [self.figure()]

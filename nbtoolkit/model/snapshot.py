@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.memory import format_bytes
+from nbtoolkit.units import format_bytes, memory_viz_size
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,16 +70,6 @@ _OMIT_FILES = (
 _MAX_STACK_LINES = 40
 _FRAMES = ("segments", "blocks", "trace", "annotations")
 _SAVED_FORMAT = "nbtoolkit.MemorySnapshot"
-
-
-def memory_viz_size(num: float) -> str:
-    """A size formatted exactly as ``torch.cuda._memory_viz`` prints it (``4.1GiB``, ``333.5KiB``)."""
-    value = float(num)
-    for unit in ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "Zi"):
-        if abs(value) < 1024.0:
-            return f"{value:3.1f}{unit}B"
-        value /= 1024.0
-    return f"{value:.1f}YiB"
 
 
 def _short_path(filename: str) -> str:
@@ -552,9 +543,7 @@ class MemorySnapshot(Result):
 
     def figure(self, **options: Any) -> Any:
         """The allocator's segments: allocated vs free (rounding / cached) per segment (plotly)."""
-        from nbtoolkit.views.memory import segment_figure
-
-        return segment_figure(self, **options)
+        return provided("MemorySnapshot.figure")(self, **options)
 
     def _report_figures(self) -> list[Any]:
         figures = [self.figure()]

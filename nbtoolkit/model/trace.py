@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import TraceError
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 
 if TYPE_CHECKING:
@@ -153,27 +154,7 @@ class Trace(Result):
     # ---------------------------------------------------------------- summary
     def top_operators(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
-        import pandas as pd
-
-        from nbtoolkit.analysis._intervals import self_times
-
-        rows = []
-        for r in [rank] if rank is not None else self.ranks:
-            frame = self.rank_events(r)
-            host = frame[frame["stream"].to_numpy() < 0]
-            self_us = self_times(host)
-            ops = host.assign(self_us=self_us)
-            ops = ops[ops["cat"] == "cpu_op"]
-            rows.append(ops[["name", "dur", "self_us"]])
-        if not rows:
-            return pd.DataFrame(columns=["name", "calls", "self_us", "total_us"])
-        ops = pd.concat(rows, ignore_index=True)
-        ops["name"] = ops["name"].astype(str)
-        table = ops.groupby("name", sort=False).agg(
-            calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
-        )
-        table = table.reset_index().sort_values(["self_us", "name"], ascending=[False, True], kind="stable")
-        return table.head(n).reset_index(drop=True)
+        return provided("Trace.top_operators")(self, n, rank=rank)
 
     def top_kernels(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""

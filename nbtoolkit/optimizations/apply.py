@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.comparison import Comparison, format_bytes
+from nbtoolkit.model.comparison import Comparison
 from nbtoolkit.optimizations._handle import Applied
 from nbtoolkit.optimizations.amp import AMP_DTYPES, autocast_model
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.optimizations.compile import compile_model, compile_options
 from nbtoolkit.optimizations.measure import Progress, check_step, measure_step
-from nbtoolkit.optimizations.recompute import parse_bytes, plan_recompute
+from nbtoolkit.optimizations.recompute import plan_recompute
+from nbtoolkit.units import format_bytes, parse_bytes
 
 __all__ = ["ENV_BUDGET", "ENV_RECOMPUTE", "optimize", "settings_from_env"]
 

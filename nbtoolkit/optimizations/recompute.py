@@ -56,15 +56,12 @@ process on a CPU-only machine.
 
 from __future__ import annotations
 
-import math
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError, PlanError
-from nbtoolkit.model.comparison import format_bytes
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.optimizations.measure import (
@@ -75,47 +72,12 @@ from nbtoolkit.optimizations.measure import (
     profile_memory_series,
     run_step,
 )
+from nbtoolkit.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["find_repeated_blocks", "parse_bytes", "plan_recompute", "solve_plan"]
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: Any, *, what: str = "budget") -> int:
-    """Bytes from an int, a float, or text like ``"1.5GB"``, ``"512 MiB"``, ``"2e9"``.
-
-    kB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024 (as in the SI/IEC
-    standards); the unit is case-insensitive. Anything else is a usage error naming the value.
-    """
-    if isinstance(value, bool):
-        raise NbtUsageError(f"{what} must be a number of bytes or text like '1.5GB', got {value!r}")
-    if isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
-        match = _BYTES_RE.match(value)
-        unit = match.group(3).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise NbtUsageError(
-                f"cannot read {what} {value!r}: write a number of bytes with an optional unit, "
-                "e.g. 1500000000, '1.5GB', '1400MiB' (kB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)"
-            )
-        number = float(match.group(1)) * (10 ** int(match.group(2) or 0)) * _UNITS[unit or ""]
-    else:
-        raise NbtUsageError(
-            f"{what} must be a number of bytes or text like '1.5GB', got {type(value).__name__}"
-        )
-    if not math.isfinite(number) or number <= 0:
-        raise NbtUsageError(f"{what} must be a positive number of bytes, got {value!r}")
-    return int(number)
-
 
 def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
     """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""

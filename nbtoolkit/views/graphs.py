@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape, html_table
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def break_detail_html(report: GraphReport, summary_row: pd.Series) -> str:
     return "".join(parts)
 
 
+@provides("GraphReport.explorer")
 def graph_break_explorer(report: GraphReport) -> Any:
     """An ipywidgets explorer: the ranked break table, a selector, and the selected break's details."""
     import ipywidgets as widgets
@@ -135,6 +137,7 @@ def graph_break_explorer(report: GraphReport) -> Any:
     return box
 
 
+@provides("GraphReport.code_view")
 def graph_code_view(report: GraphReport) -> Any:
     """A dropdown of the report's graphs showing the selected graph's FX code."""
     import ipywidgets as widgets
@@ -158,6 +161,7 @@ def graph_code_view(report: GraphReport) -> Any:
     return box
 
 
+@provides("GraphReport.compile_time_chart")
 def compile_time_chart(report: GraphReport) -> Any:
     """Plotly bar chart: whole-frame compile time (ms) of each compile, coloured by tlparse's status."""
     import plotly.graph_objects as go

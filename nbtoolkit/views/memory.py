@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def _time_scale(span_us: float) -> tuple[float, str]:
     return 1.0, "µs"
 
 
+@provides("MemoryTimeline.figure")
 def timeline_figure(
     timeline: MemoryTimeline,
     *,
@@ -92,7 +94,8 @@ def timeline_figure(
     from plotly.subplots import make_subplots
 
     from nbtoolkit.analysis.memory import category_series, decimate, module_spans, phase_spans
-    from nbtoolkit.model.memory import CATEGORIES, format_bytes
+    from nbtoolkit.model.memory import CATEGORIES
+    from nbtoolkit.units import format_bytes
 
     events = timeline.events
     series = decimate(category_series(events, coalesce=True), max_points=max_points)
@@ -259,7 +262,8 @@ def module_figure(
     """
     import plotly.graph_objects as go
 
-    from nbtoolkit.model.memory import CATEGORIES, format_bytes
+    from nbtoolkit.model.memory import CATEGORIES
+    from nbtoolkit.units import format_bytes
 
     table = timeline.by_module()
     if not include_unattributed:
@@ -297,7 +301,7 @@ def module_figure(
 
 def alive_at_peak_html(timeline: MemoryTimeline, *, top: int = 15) -> str:
     """An HTML table of the largest allocations alive at the peak, with their stacks (escaped)."""
-    from nbtoolkit.model.memory import format_bytes
+    from nbtoolkit.units import format_bytes
 
     alive = timeline.alive_at_peak(top=top)
     rows = []
@@ -320,6 +324,7 @@ def alive_at_peak_html(timeline: MemoryTimeline, *, top: int = 15) -> str:
     )
 
 
+@provides("MemorySnapshot.figure")
 def segment_figure(snapshot: MemorySnapshot, *, max_segments: int = 200) -> go.Figure:
     """The allocator's segments as stacked horizontal bars: allocated, free (rounding), free (cached).
 
@@ -328,7 +333,7 @@ def segment_figure(snapshot: MemorySnapshot, *, max_segments: int = 200) -> go.F
     """
     import plotly.graph_objects as go
 
-    from nbtoolkit.model.memory import format_bytes
+    from nbtoolkit.units import format_bytes
 
     summary = snapshot.segment_summary().sort_values("reserved", ascending=True, kind="stable")
     shown = summary.tail(max_segments)
@@ -398,6 +403,7 @@ def comparison_figure(
     )
 
 
+@provides("RankMemory.figure")
 def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
     """Total allocated bytes of each rank over its own time, and each rank's peak stacked by category."""
     from plotly.colors import qualitative

@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.metrics import StepMetrics, format_flop_rate, metrics_frame
+from nbtoolkit.model.metrics import StepMetrics, metrics_frame
+from nbtoolkit.units import format_flop_rate
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

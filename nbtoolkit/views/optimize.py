@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._result import escape
-from nbtoolkit.model.comparison import format_bytes, format_seconds
+from nbtoolkit.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from nbtoolkit.model.comparison import Comparison
@@ -225,7 +225,8 @@ def optimize_panel(
     warmup: int = 2,
 ) -> OptimizePanel:
     """Measure the candidates once (unless ``plan`` is given) and build the interactive panel."""
-    from nbtoolkit.optimizations.recompute import parse_bytes, plan_recompute
+    from nbtoolkit.optimizations.recompute import plan_recompute
+    from nbtoolkit.units import parse_bytes
 
     budget = None if budget_bytes is None else parse_bytes(budget_bytes)
     if plan is None:

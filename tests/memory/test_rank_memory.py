@@ -31,7 +31,7 @@ def test_a_sequence_in_rank_order_with_a_peak_row_per_rank() -> None:
     assert list(table["peak_bytes"]) == [2500, 5500]
     assert list(table["activation"]) == [1000, 4000] and list(table["gradient"]) == [500, 500]
     assert result.imbalance() == pytest.approx(5500 / 2500)
-    assert result.reading().startswith("rank 1 peaks highest at 5.4 KiB, 2.20x the lowest")
+    assert result.reading().startswith("rank 1 peaks highest at 5.37 KiB, 2.20x the lowest")
     assert result.reading().endswith("mostly activation")
     with pytest.raises(KeyError, match="ranks here: \\[0, 1\\]"):
         result.timeline(5)

@@ -15,10 +15,10 @@ from nbtoolkit.optimizations.measure import profile_memory_series
 from nbtoolkit.optimizations.recompute import (
     _predict,
     find_repeated_blocks,
-    parse_bytes,
     plan_recompute,
     solve_plan,
 )
+from nbtoolkit.units import parse_bytes
 from tests.optimize._models import NoRepeats, make_gpt
 
 HIDDEN = [64, 256, 128, 384]
