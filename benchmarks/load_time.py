@@ -26,7 +26,7 @@ elapsed = time.perf_counter() - t0
 t1 = time.perf_counter()
 shell.run_line_magic("nbt", "help")
 first_call = time.perf_counter() - t1
-HEAVY = ("torch", "ray", "deepspeed", "plotly", "holoviews", "datashader", "pandas")
+HEAVY = ("torch", "ray", "deepspeed", "plotly", "pandas")
 heavy = [m for m in HEAVY if m in sys.modules]
 print(json.dumps({"seconds": elapsed, "first_call": first_call, "heavy": heavy}))
 """

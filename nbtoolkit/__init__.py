@@ -9,7 +9,7 @@ In Python, every feature is a plain function (``nbt.load_trace``, ``nbt.profile`
 ``nbt.capture_graphs``, ``nbt.memory_timeline``, ``nbt.optimize``, ``nbt.Cluster`` ...).
 
 Public names are resolved lazily (PEP 562): ``import nbtoolkit`` and
-``%load_ext nbtoolkit`` import neither torch, ray, deepspeed, plotly nor holoviews;
+``%load_ext nbtoolkit`` import neither torch, ray, deepspeed nor plotly;
 each name's module is imported on first use.
 """
 

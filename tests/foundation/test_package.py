@@ -11,7 +11,7 @@ import pytest
 import nbtoolkit as nbt
 from nbtoolkit.model._result import Result, escape, html_table
 
-HEAVY = ["torch", "ray", "deepspeed", "plotly", "holoviews", "datashader", "pandas", "pyarrow"]
+HEAVY = ["torch", "ray", "deepspeed", "plotly", "pandas", "pyarrow"]
 
 
 def test_all_is_sorted_unique_and_covers_the_lazy_map() -> None:
@@ -78,3 +78,39 @@ def test_html_table_escapes_cells_and_headers() -> None:
     assert "<img" not in html and "&lt;img" in html
     assert "&lt;th&gt;" in html
     assert "1,234,567" in html
+
+
+def test_every_declared_dependency_is_imported_by_the_package() -> None:
+    # pyproject declares nothing that nbtoolkit never imports (dev tools aside): a dependency
+    # is a cost every user installs, so it must earn its place in the code.
+    import ast
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib (Python 3.11+) reads pyproject.toml")
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    declared = list(project["dependencies"]) + [
+        d for name, deps in extras.items() if name not in ("dev", "all") for d in deps
+    ]
+    modules_of: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            modules_of.setdefault(dist.lower().replace("_", "-"), set()).add(module)
+    imported: set[str] = set()
+    for path in (root / "nbtoolkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    unused = []
+    for requirement in declared:
+        dist = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        modules = modules_of.get(dist)
+        assert modules, f"{dist} is declared but not installed here: run `make setup`"
+        if not modules & imported:
+            unused.append(dist)
+    assert not unused, f"declared in pyproject.toml but never imported by nbtoolkit: {unused}"
