@@ -227,24 +227,42 @@ def idle_breakdown(
     return pd.DataFrame(frames, columns=["rank", "stream", "idle_category", "idle_us", "idle_ratio"])
 
 
+def _top_by_name(
+    rows: list[pd.DataFrame], n: int, rank_by: str, **aggregates: tuple[str, str]
+) -> pd.DataFrame:
+    """Events of several ranks grouped by name, the ``n`` highest by ``rank_by`` (ties by name)."""
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame(columns=["name", *aggregates])
+    events = pd.concat(rows, ignore_index=True)
+    events["name"] = events["name"].astype(str)
+    table = events.groupby("name", sort=False).agg(**aggregates).reset_index()
+    table = table.sort_values([rank_by, "name"], ascending=[False, True], kind="stable")
+    return table.head(n).reset_index(drop=True)
+
+
 @provides("Trace.top_operators")
 def top_operators(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
     """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
-    import pandas as pd
-
     rows = []
     for r in [rank] if rank is not None else trace.ranks:
         frame = trace.rank_events(r)
         host = frame[frame["stream"].to_numpy() < 0]
         ops = host.assign(self_us=self_times(host))
-        ops = ops[ops["cat"] == "cpu_op"]
-        rows.append(ops[["name", "dur", "self_us"]])
-    if not rows:
-        return pd.DataFrame(columns=["name", "calls", "self_us", "total_us"])
-    ops = pd.concat(rows, ignore_index=True)
-    ops["name"] = ops["name"].astype(str)
-    table = ops.groupby("name", sort=False).agg(
-        calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
+        rows.append(ops.loc[ops["cat"] == "cpu_op", ["name", "dur", "self_us"]])
+    return _top_by_name(
+        rows, n, "self_us", calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
     )
-    table = table.reset_index().sort_values(["self_us", "name"], ascending=[False, True], kind="stable")
-    return table.head(n).reset_index(drop=True)
+
+
+@provides("Trace.top_kernels")
+def top_kernels(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
+    """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
+    rows = []
+    for r in [rank] if rank is not None else trace.ranks:
+        frame = trace.rank_events(r)
+        rows.append(frame.loc[frame["stream"].to_numpy() >= 0, ["name", "dur"]])
+    return _top_by_name(
+        rows, n, "total_us", calls=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean")
+    )

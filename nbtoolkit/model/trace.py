@@ -158,21 +158,7 @@ class Trace(Result):
 
     def top_kernels(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
-        import pandas as pd
-
-        rows = []
-        for r in [rank] if rank is not None else self.ranks:
-            frame = self.rank_events(r)
-            rows.append(frame.loc[frame["stream"].to_numpy() >= 0, ["name", "dur"]])
-        if not rows:
-            return pd.DataFrame(columns=["name", "calls", "total_us", "mean_us"])
-        kernels = pd.concat(rows, ignore_index=True)
-        kernels["name"] = kernels["name"].astype(str)
-        table = kernels.groupby("name", sort=False).agg(
-            calls=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean")
-        )
-        table = table.reset_index().sort_values(["total_us", "name"], ascending=[False, True], kind="stable")
-        return table.head(n).reset_index(drop=True)
+        return provided("Trace.top_kernels")(self, n, rank=rank)
 
     def _header_lines(self) -> list[str]:
         n_events = sum(len(f) for f in self.events.values())
