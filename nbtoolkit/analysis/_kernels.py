@@ -11,7 +11,9 @@ breakdowns and overlap give HTA's numbers on the same trace:
 2. The last ProfilerStep is left out unless asked (HTA's ``include_last_profiler_step=False``),
    and only when the trace has two or more ProfilerStep labels: host events are kept when
    they start before the last step starts, device events when the host event that
-   launched them (same ``correlation``) is kept.
+   launched them (same ``correlation``) is kept. A ProfilerStep label is a name that starts
+   with ``ProfilerStep`` (:mod:`nbtoolkit.model.steps`); HTA takes any name containing the
+   word, which would also count a user annotation such as ``"my ProfilerStep helper"``.
 3. A device event is any event with a stream (``stream != -1``). Its kernel type is
    COMMUNICATION for ``nccl...Kernel`` names, MEMORY for names starting ``Memcpy``,
    ``Memset`` or ``dma``, OTHER for synchronisation events and other memcpy/memset names,
@@ -26,6 +28,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from nbtoolkit.model.steps import is_profiler_step_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,10 +107,10 @@ class DeviceView:
 
 
 def count_step_labels(trace: Trace) -> int:
-    """Distinct names containing ``ProfilerStep`` over all ranks (HTA's rule for filtering)."""
+    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on)."""
     labels: set[str] = set()
     for frame in trace.events.values():
-        labels.update(str(c) for c in frame["name"].cat.categories if "ProfilerStep" in str(c))
+        labels.update(str(c) for c in frame["name"].cat.categories if is_profiler_step_label(str(c)))
     return len(labels)
 
 
@@ -128,7 +132,7 @@ def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> 
     keep = np.ones(len(frame), dtype=bool)
     filtered = False
     if count_step_labels(trace) >= 2:
-        step_names = [c for c in names.cat.categories if "ProfilerStep" in str(c)]
+        step_names = [c for c in names.cat.categories if is_profiler_step_label(str(c))]
         is_step = names.isin(step_names).to_numpy() & ~on_gpu
         if is_step.any():
             last_start = ts[is_step].max()

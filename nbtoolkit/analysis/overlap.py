@@ -37,6 +37,7 @@ import numpy as np
 from nbtoolkit.analysis import _kernels as k
 from nbtoolkit.analysis._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.model.steps import step_labels
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -261,14 +262,12 @@ def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
 
 
 def _step_windows(host: pd.DataFrame) -> dict[int, tuple[float, float]]:
-    from nbtoolkit.io.kineto import parse_profiler_step
-
     names = host["name"]
-    step_names = [c for c in names.cat.categories if str(c).startswith("ProfilerStep")]
-    rows = host[names.isin(step_names).to_numpy() & (host["stream"].to_numpy() < 0)]
+    numbers = step_labels(names.cat.categories)
+    rows = host[names.isin(list(numbers)).to_numpy() & (host["stream"].to_numpy() < 0)]
     windows: dict[int, tuple[float, float]] = {}
     for name, ts, end in zip(rows["name"].astype(str), rows["ts"], rows["end"], strict=True):
-        step = parse_profiler_step(name)
+        step = numbers[name]
         old = windows.get(step)
         windows[step] = (min(ts, old[0]), max(end, old[1])) if old else (float(ts), float(end))
     return windows

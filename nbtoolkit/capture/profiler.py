@@ -2,21 +2,19 @@
 
 The function runs ``warmup`` times unprofiled (first-call costs such as lazy
 initialisation or compilation would otherwise dominate), then ``steps`` times under the
-profiler with one ``ProfilerStep#N`` per call. The Chrome trace the profiler exports
-is read back through :func:`nbtoolkit.load_trace`, so a profiled cell feeds exactly the
-same analyses and views as a trace file from a GPU cluster.
+profiler with one ``ProfilerStep#N`` per call, recorded by
+:func:`nbtoolkit.capture.torch_profiler.record_step_trace`, the same recorder the cluster's
+ranks use. The Chrome trace the profiler exports is read back through
+:func:`nbtoolkit.load_trace`, so a profiled cell feeds exactly the same analyses and views
+as a trace file from a GPU cluster.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from nbtoolkit.capture._native import native_stderr_silenced
-from nbtoolkit.errors import CaptureError, NbtUsageError
 
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
@@ -51,66 +49,32 @@ def profile(
             profiled ones, so MFU is a lower bound (the profiler adds overhead).
         tokens_per_step: tokens one call of ``fn`` processes, for tokens/s (with ``metrics``).
 
-    CPU activities are always recorded, CUDA ones when CUDA is available. The profiler
-    is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt inside
-    ``fn`` leaves no profiler running; the exception propagates unchanged.
+    CPU activities are always recorded, CUDA ones when CUDA is available; with CUDA, each
+    step waits for its device work (``torch.cuda.synchronize`` inside the step's label).
+    The profiler is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt
+    inside ``fn`` leaves no profiler running; the exception propagates unchanged.
     The value ``fn`` returned last is kept in ``trace.value``.
     """
-    if not callable(fn):
-        raise NbtUsageError(f"profile() needs a zero-argument callable, got {type(fn).__name__}")
-    if not isinstance(steps, int) or steps < 1:
-        raise NbtUsageError(f"steps must be a positive integer, got {steps!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise NbtUsageError(f"warmup must be a non-negative integer, got {warmup!r}")
-
-    import torch
-    from torch.profiler import ProfilerActivity
-
+    from nbtoolkit.capture.torch_profiler import record_step_trace, temporary_trace_file
     from nbtoolkit.io.kineto import load_trace
 
-    value: Any = None
-    for _ in range(warmup):
-        value = fn()
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-
     keep = trace_path is not None
-    if trace_path is None:
-        handle, name = tempfile.mkstemp(prefix="nbt-profile-", suffix=".json")
-        os.close(handle)
-        out = Path(name)
-    else:
-        out = Path(trace_path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-
-    prof = torch.profiler.profile(
-        activities=activities,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
+    where = (
+        contextlib.nullcontext(Path(trace_path))
+        if trace_path is not None
+        else temporary_trace_file("nbt-profile-")  # removed once the trace is loaded
     )
-    try:
-        with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
-            prof.start()
-        try:
-            for step in range(steps):
-                # The same label torch writes with a schedule, so HTA-style step logic applies.
-                with torch.profiler.record_function(f"ProfilerStep#{step}"):
-                    value = fn()
-                prof.step()
-        finally:
-            with native_stderr_silenced():
-                prof.stop()  # also on exceptions and KeyboardInterrupt: never leave a profiler running
-        try:
-            prof.export_chrome_trace(str(out))
-        except Exception as exc:  # torch raises bare RuntimeError on export problems
-            raise CaptureError(f"torch.profiler could not export its trace to {out}: {exc}") from exc
+    with where as out:
+        value = record_step_trace(
+            fn,
+            out,
+            steps=steps,
+            warmup=warmup,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        )
         trace = load_trace(out)
-    finally:
-        if not keep:
-            out.unlink(missing_ok=True)
     for info in trace.info.values():
         # load_trace notes that a temporary file name carries no rank; here we know why.
         info.notes = [n for n in info.notes if "file name" not in n]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -30,39 +29,27 @@ def profile_to_bytes(
     profile_memory: bool = False,
     with_stack: bool = False,
 ) -> dict[str, Any]:
-    """Run ``step`` ``warmup + steps`` times under torch.profiler; return the gzipped Chrome trace.
+    """Profile ``step`` on this rank as ``nbt.profile`` does locally; return the gzipped Chrome trace.
 
-    The profiler's schedule skips the warmup steps (``schedule(wait=0, warmup=warmup,
-    active=steps)``), so the trace holds ``steps`` ProfilerStep annotations, as a local
-    ``torch.profiler`` run would. CUDA activity is recorded when the rank has a GPU.
+    The recording is :func:`nbtoolkit.capture.torch_profiler.record_step_trace` (``warmup``
+    unprofiled calls, then ``steps`` calls labelled ``ProfilerStep#0`` ...), so a rank's
+    trace has the same structure as the notebook's. Returns ``trace_gz`` (the gzipped
+    JSON), ``raw_bytes`` (its size unzipped) and ``last`` (the step's last value when it
+    is a plain number, e.g. the loss; else None).
     """
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from nbtoolkit.capture.torch_profiler import record_step_trace, temporary_trace_file
 
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
-    handle, path = tempfile.mkstemp(prefix="nbt-rank-trace-", suffix=".json")
-    os.close(handle)
-    last: Any = None
-    try:
-        with profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
-            on_trace_ready=lambda prof: prof.export_chrome_trace(path),
+    with temporary_trace_file("nbt-rank-trace-") as path:
+        last = record_step_trace(
+            step,
+            path,
+            steps=steps,
+            warmup=warmup,
             record_shapes=record_shapes,
             profile_memory=profile_memory,
             with_stack=with_stack,
-        ) as prof:
-            for _ in range(warmup + steps):
-                last = step()
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                prof.step()
-        with open(path, "rb") as f:
-            raw = f.read()
-    finally:
-        os.unlink(path)
+        )
+        raw = path.read_bytes()
     return {"trace_gz": gzip.compress(raw, compresslevel=3), "raw_bytes": len(raw), "last": _plain(last)}
 
 

@@ -409,38 +409,6 @@ def _short(name: str, width: int = 90) -> str:
 
 
 def _find_steps(trace: Trace) -> pd.DataFrame:
-    import numpy as np
-    import pandas as pd
+    from nbtoolkit.model.steps import host_steps, steps_table
 
-    from nbtoolkit.io.kineto import parse_profiler_step
-
-    frames = []
-    for rank in trace.ranks:
-        frame = trace.events[rank]
-        names = frame["name"]
-        cats = names.cat.categories if hasattr(names, "cat") else pd.Index(names.unique())
-        step_names = [str(c) for c in cats if str(c).startswith("ProfilerStep")]
-        if not step_names:
-            continue
-        host = frame[frame["name"].isin(step_names) & (frame["stream"].to_numpy() < 0)]
-        if not len(host):
-            continue
-        steps = np.array([parse_profiler_step(str(n)) for n in host["name"]], dtype=np.int64)
-        frames.append(
-            pd.DataFrame(
-                {"rank": rank, "step": steps, "ts": host["ts"].to_numpy(), "dur": host["dur"].to_numpy()}
-            )
-        )
-    if not frames:
-        return pd.DataFrame(
-            {
-                "rank": pd.Series(dtype="int64"),
-                "step": pd.Series(dtype="int64"),
-                "ts": pd.Series(dtype="float64"),
-                "dur": pd.Series(dtype="float64"),
-            }
-        )
-    steps_df = pd.concat(frames, ignore_index=True)
-    # A step can be annotated twice on the host (nested record functions); keep the longest.
-    steps_df = steps_df.sort_values(["rank", "step", "dur"]).drop_duplicates(["rank", "step"], keep="last")
-    return steps_df.reset_index(drop=True)
+    return steps_table(host_steps(rank, trace.events[rank]) for rank in trace.ranks)

@@ -118,15 +118,15 @@ def test_html_escapes_trace_text(tmp_path):
     "folder", ["hta_nccl_parser_config", "param_dlrm_8rank", "hta_critical_path_alexnet"]
 )
 def test_chunked_streaming_equals_whole_document_decoding(real_data, monkeypatch, folder):
-    from nbtoolkit.io import kineto
+    from nbtoolkit.io import _kineto_json, kineto
 
-    monkeypatch.setattr(kineto, "_CHUNK_BYTES", 64 * 1024)  # many chunks, splits inside every file
+    monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 64 * 1024)  # many chunks, splits inside every file
     streamed = nbt.load_trace(real_data(f"traces/{folder}"))
 
     def no_streaming(file, columns):
-        raise kineto._Fallback
+        raise _kineto_json.StreamingFallback
 
-    monkeypatch.setattr(kineto, "_stream_file", no_streaming)
+    monkeypatch.setattr(kineto, "stream_file", no_streaming)
     whole = nbt.load_trace(real_data(f"traces/{folder}"))
     assert streamed.ranks == whole.ranks
     for rank in whole.ranks:
@@ -165,7 +165,7 @@ def test_real_traces_take_the_streaming_path(real_data, monkeypatch):
     def must_not_fall_back(file):
         raise AssertionError(f"{file} fell back to whole-document decoding")
 
-    monkeypatch.setattr(kineto, "_read_bytes", must_not_fall_back)
+    monkeypatch.setattr(kineto, "read_bytes", must_not_fall_back)
     for folder in ["hta_mtia_inference_trace", "tracelens_b200_r0", "param_dlrm_8rank", "hta_cpu_only"]:
         assert nbt.load_trace(real_data(f"traces/{folder}")).ranks
 

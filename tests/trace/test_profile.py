@@ -112,3 +112,60 @@ def test_cell_magic_profile_bad_steps_is_a_usage_error(shell):
     result = shell.run_cell("%%nbt profile --steps 0\npass\n")
     assert isinstance(result.error_in_exec, nbt.NbtUsageError)
     assert "steps must be a positive integer" in str(result.error_in_exec)
+
+
+def _layout(trace: nbt.Trace) -> dict[str, object]:
+    """What must agree between two profiles of the same step: ranks, streams, steps, top-level ops.
+
+    A step's top-level ops are the host events on the step label's thread, inside the step,
+    not nested in another such event (the calls the step function made itself).
+    """
+    layout: dict[str, object] = {
+        "ranks": trace.ranks,
+        "device_type": trace.device_type,
+        "streams": {r: sorted(set(trace.events[r]["stream"].tolist())) for r in trace.ranks},
+        "threads": {r: sorted(set(trace.info[r].thread_names.values())) for r in trace.ranks},
+    }
+    top_level: dict[tuple[int, int], set[str]] = {}
+    labels = trace.steps
+    for rank in trace.ranks:
+        frame = trace.events[rank]
+        host = frame[frame["stream"].to_numpy() < 0]
+        names = host["name"].astype(str)
+        for step in labels[labels["rank"] == rank].itertuples(index=False):
+            label = host[names == f"ProfilerStep#{step.step}"].iloc[0]
+            end = step.ts + step.dur
+            inside = host[
+                (host["tid"] == label["tid"])
+                & (host["ts"] >= step.ts)
+                & (host["ts"] + host["dur"] <= end)
+                & ~names.str.startswith("ProfilerStep")
+            ].sort_values(["ts", "dur"], ascending=[True, False])
+            ops: set[str] = set()
+            covered_until = -float("inf")
+            for ts, dur, name in zip(inside["ts"], inside["dur"], inside["name"].astype(str), strict=True):
+                if ts >= covered_until:  # not nested in the previous top-level op
+                    ops.add(name)
+                    covered_until = ts + dur
+            top_level[(rank, int(step.step))] = ops
+    layout["steps"] = sorted(top_level)
+    layout["top_level_ops"] = top_level
+    return layout
+
+
+def test_local_and_rank_profiles_of_the_same_step_have_the_same_structure(tmp_path):
+    """nbt.profile and the cluster's rank tool record through one path: the traces agree."""
+    from nbtoolkit.cluster.rank_tools import profile_to_bytes
+
+    local = nbt.profile(_train_step(), steps=3, warmup=1)
+    shipped = profile_to_bytes(_train_step(), steps=3, warmup=1)
+    assert isinstance(shipped["last"], float)  # the loss comes back as a plain number
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(shipped["trace_gz"])
+    remote = nbt.load_trace(path)
+
+    assert list(local.steps["step"]) == [0, 1, 2]  # warm-up calls are not recorded, in both
+    local_layout, remote_layout = _layout(local), _layout(remote)
+    assert all(local_layout["top_level_ops"].values())  # each step holds the step's own ops
+    assert "aten::linear" in local_layout["top_level_ops"][(0, 0)]
+    assert local_layout == remote_layout

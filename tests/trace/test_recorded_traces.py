@@ -197,7 +197,7 @@ def test_chunked_streaming_equals_whole_document_decoding(
     compressed: bool,
 ) -> None:
     """Decoding in many small chunks (plain or gzip-inflated) gives what whole-document decoding gives."""
-    from nbtoolkit.io import kineto
+    from nbtoolkit.io import _kineto_json, kineto
 
     chunk_bytes = 8 * 1024
     folder = tmp_path / "traces"
@@ -218,14 +218,14 @@ def test_chunked_streaming_equals_whole_document_decoding(
         raise AssertionError(f"{file} fell back to whole-document decoding")
 
     with monkeypatch.context() as patch:
-        patch.setattr(kineto, "_CHUNK_BYTES", chunk_bytes)
-        patch.setattr(kineto, "_read_bytes", must_stream)
+        patch.setattr(_kineto_json, "CHUNK_BYTES", chunk_bytes)
+        patch.setattr(kineto, "read_bytes", must_stream)
         streamed = [nbt.load_trace(folder), nbt.load_trace(single)]
 
     def no_streaming(file: Path, columns: Any) -> Any:
-        raise kineto._Fallback
+        raise _kineto_json.StreamingFallback
 
-    monkeypatch.setattr(kineto, "_stream_file", no_streaming)
+    monkeypatch.setattr(kineto, "stream_file", no_streaming)
     whole = [nbt.load_trace(folder), nbt.load_trace(single)]
     for a, b in zip(streamed, whole, strict=True):
         assert a.ranks == b.ranks
