@@ -143,4 +143,3 @@ def user_source(frames: list[dict[str, Any]]) -> str:
         if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
             return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
     return ""
-
