@@ -1,15 +1,7 @@
-"""DeepSpeed ZeRO on the cluster's ranks: configs, and a sweep of the communication knobs.
+"""A sweep of DeepSpeed ZeRO's communication knobs on the cluster's ranks, and its reading.
 
-    from nbtoolkit.integrations.deepspeed import zero_config, zero_sweep
-    cfg = zero_config(stage=2, micro_batch_size=8, reduce_bucket_size=200_000)
     sweep = zero_sweep(cluster, make_model, make_batch)      # a ZeroSweep result
     sweep.table; sweep.figure(); print(sweep.reading())
-
-On CPU ranks DeepSpeed picks its CPU accelerator and talks over the gloo process group
-the cluster set up (``deepspeed.initialize`` finds torch.distributed initialized). The
-first launch on a machine JIT-builds DeepSpeed's shared-memory communication op (tens of
-seconds; cached afterwards in ``~/.cache/torch_extensions``). The sweep passes a plain
-``torch.optim.AdamW`` to DeepSpeed so that no fused optimizer op has to be built.
 
 What the sweep measures, per configuration, on every rank:
 
@@ -31,13 +23,21 @@ What the sweep measures, per configuration, on every rank:
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.integrations.deepspeed.config import (
+    KNOBS,
+    default_settings,
+    grid_settings,
+    label,
+    short_count,
+    zero_config,
+)
+from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
 from nbtoolkit.model._result import Result, escape, html_table
 
 if TYPE_CHECKING:
@@ -46,244 +46,11 @@ if TYPE_CHECKING:
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["KNOBS", "ZeroSweep", "default_settings", "zero_config", "zero_sweep"]
+__all__ = ["ZeroSweep", "read_sweep", "zero_sweep"]
 
-# The communication knobs a sweep varies (DeepSpeed config keys under zero_optimization).
-KNOBS = (
-    "stage",
-    "reduce_bucket_size",
-    "allgather_bucket_size",
-    "stage3_prefetch_bucket_size",
-    "overlap_comm",
-)
 _NOISE = 0.10  # changes smaller than 10% are called "no clear change" (timings on shared CPUs)
 
 
-def zero_config(
-    *,
-    stage: int = 1,
-    micro_batch_size: int = 8,
-    reduce_bucket_size: int | None = None,
-    allgather_bucket_size: int | None = None,
-    stage3_prefetch_bucket_size: int | None = None,
-    overlap_comm: bool | None = None,
-    gradient_accumulation_steps: int = 1,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A DeepSpeed config dict for ZeRO ``stage`` (1, 2 or 3); knobs left None keep DeepSpeed's defaults.
-
-    Bucket sizes are in elements (DeepSpeed's unit), not bytes.
-    """
-    if stage not in (0, 1, 2, 3):
-        raise NbtUsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    for name, value in (
-        ("reduce_bucket_size", reduce_bucket_size),
-        ("allgather_bucket_size", allgather_bucket_size),
-        ("stage3_prefetch_bucket_size", stage3_prefetch_bucket_size),
-    ):
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise NbtUsageError(f"{name} must be a positive number of elements, got {value!r}")
-    zero: dict[str, Any] = {"stage": stage}
-    knobs = {
-        "reduce_bucket_size": reduce_bucket_size,
-        "allgather_bucket_size": allgather_bucket_size,
-        "stage3_prefetch_bucket_size": stage3_prefetch_bucket_size,
-        "overlap_comm": overlap_comm,
-    }
-    zero.update({key: value for key, value in knobs.items() if value is not None})
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "zero_optimization": zero,
-        "steps_per_print": 10**9,  # keep DeepSpeed's periodic log lines out of the notebook
-        "wall_clock_breakdown": False,
-    }
-    if extra:
-        config.update(extra)
-    return config
-
-
-def default_settings(parameter_count: int) -> list[dict[str, Any]]:
-    """Stages 1, 2, 3 with DeepSpeed's default buckets, then small buckets for stages 2 and 3.
-
-    "Small" is an eighth of the model's parameters, so that each collective carries a
-    fraction of the model: more, smaller collectives than the defaults (which hold a
-    small model in one bucket).
-    """
-    small = max(1024, parameter_count // 8)
-    return [
-        {"stage": 1},
-        {"stage": 2},
-        {"stage": 2, "reduce_bucket_size": small, "allgather_bucket_size": small},
-        {"stage": 2, "reduce_bucket_size": small, "allgather_bucket_size": small, "overlap_comm": True},
-        {"stage": 3},
-        {"stage": 3, "reduce_bucket_size": small, "stage3_prefetch_bucket_size": small},
-    ]
-
-
-def grid_settings(grid: dict[str, Iterable[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the values in ``grid`` (keys from :data:`KNOBS`)."""
-    unknown = sorted(set(grid) - set(KNOBS))
-    if unknown:
-        raise NbtUsageError(f"unknown ZeRO knob(s) {unknown}: use {', '.join(KNOBS)}")
-    keys = list(grid)
-    return [
-        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(list(grid[k]) for k in keys))
-    ]
-
-
-def label(setting: dict[str, Any]) -> str:
-    """A short name for a configuration: ``z2 rb=25k ag=25k overlap``."""
-    short = {"reduce_bucket_size": "rb", "allgather_bucket_size": "ag", "stage3_prefetch_bucket_size": "pf"}
-    parts = [f"z{setting.get('stage', 1)}"]
-    for key, tag in short.items():
-        if setting.get(key) is not None:
-            parts.append(f"{tag}={_count(setting[key])}")
-    if setting.get("overlap_comm"):
-        parts.append("overlap")
-    return " ".join(parts)
-
-
-def _count(n: float) -> str:
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:g}"
-
-
-# ---- runs on each rank ----
-def _parameter_count(model_fn: Callable[[], Any]) -> int:
-    return int(sum(p.numel() for p in model_fn().parameters()))
-
-
-def _live_tensor_bytes() -> int:
-    """Bytes of all tensors reachable by the garbage collector, each storage once."""
-    import gc
-
-    import torch
-
-    seen: set[int] = set()
-    total = 0
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta:
-                continue
-            storage = obj.untyped_storage()
-            key = storage.data_ptr()
-            if key in seen or key == 0:
-                continue
-            seen.add(key)
-            total += storage.nbytes()
-        except (RuntimeError, ReferenceError):  # tensors without storage (sparse, fake)
-            continue
-    return total
-
-
-def _engine_and_step(
-    model_fn: Callable[[], Any],
-    batch_fn: Callable[[int], Any],
-    config: dict[str, Any],
-    *,
-    rank: int,
-    lr: float,
-    loss_fn: Callable[[Any, Any], Any] | None,
-) -> tuple[Any, Callable[[], float]]:
-    """On a rank: the model (seeded alike on every rank) under DeepSpeed ``config``, and one
-    training step on this rank's batch (forward, ``engine.backward``, ``engine.step``)."""
-    import deepspeed
-    import torch
-
-    torch.manual_seed(0)
-    model = model_fn()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    batch = batch_fn(rank)
-    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inputs = inputs.to(engine.device)
-    targets = targets.to(engine.device) if targets is not None else None
-
-    def step() -> float:
-        out = engine(inputs)
-        if loss_fn is not None:
-            loss = loss_fn(out, targets)
-        elif targets is not None:
-            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
-        else:
-            loss = out.float().pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
-
-    return engine, step
-
-
-def sweep_one_on_rank(
-    model_fn: Callable[[], Any],
-    batch_fn: Callable[[int], Any],
-    config: dict[str, Any],
-    *,
-    steps: int,
-    warmup: int,
-    lr: float,
-    loss_fn: Callable[[Any, Any], Any] | None,
-) -> dict[str, Any]:
-    """Build the model under ``config``, time ``steps`` steps, profile ``steps`` more; return numbers."""
-    import gc
-    import json
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from nbtoolkit.cluster.rank_tools import profile_to_bytes
-
-    rank = dist.get_rank()
-    gc.collect()
-    before = 0 if torch.cuda.is_available() else _live_tensor_bytes()
-    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
-
-    try:
-        for _ in range(warmup):
-            step()
-        dist.barrier()
-        times = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - started)
-        gc.collect()
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-            base = 0
-        else:
-            base = max(0, _live_tensor_bytes() - before)
-        profiled = profile_to_bytes(step, steps=steps, warmup=0, profile_memory=not cuda)
-        if cuda:
-            peak = int(torch.cuda.max_memory_allocated())
-        else:
-            import gzip
-
-            doc = json.loads(gzip.decompress(profiled["trace_gz"]))
-            growth = [
-                int(e["args"].get("Total Allocated", 0))
-                for e in doc.get("traceEvents", [])
-                if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
-            ]
-            peak = base + max([0, *growth])
-        return {
-            "step_times_s": times,
-            "trace_gz": profiled["trace_gz"],
-            "peak_bytes": peak,
-            "state_bytes": base,
-            "loss": profiled["last"],
-        }
-    finally:
-        # Release DeepSpeed's hooks and buffers; the next configuration starts with gc.collect().
-        engine.destroy()
-
-
-# ---- the sweep, from the notebook ----
 @dataclass(repr=False)  # the repr is Result's (the text summary)
 class ZeroSweep(Result):
     """One row per ZeRO configuration: step time, communication, peak memory; plus its traces."""
@@ -364,7 +131,7 @@ def zero_sweep(
     elif settings is not None:
         chosen = [dict(s) for s in settings]
     else:
-        chosen = default_settings(cluster.run(lambda: _parameter_count(model_fn), ranks=0)[0])
+        chosen = default_settings(cluster.run(lambda: parameter_count(model_fn), ranks=0)[0])
     for setting in chosen:
         unknown = sorted(set(setting) - set(KNOBS))
         if unknown:
@@ -505,106 +272,5 @@ def _show(v: Any) -> str:
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, (int, float)):
-        return _count(v)
+        return short_count(v)
     return str(v)
-
-
-# ---- graph breaks of a compiled model under each ZeRO stage ----
-def graph_breaks_one_on_rank(
-    model_fn: Callable[[], Any],
-    batch_fn: Callable[[int], Any],
-    config: dict[str, Any],
-    *,
-    backend: str,
-    steps: int,
-    lr: float,
-    loss_fn: Callable[[Any, Any], Any] | None,
-) -> Any:
-    """Build the model under ``config``, compile it with DeepSpeed's ``engine.compile``, and capture
-    the graphs, breaks and recompiles of ``steps`` training steps (a GraphReport)."""
-    import torch
-    import torch.distributed as dist
-
-    from nbtoolkit.capture.graphs import capture_graphs
-
-    torch._dynamo.reset()  # every stage compiles from scratch
-    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=dist.get_rank(), lr=lr, loss_fn=loss_fn)
-
-    try:
-        engine.compile(backend=backend)
-        return capture_graphs(
-            step, steps=steps, eager_baseline=False, measure_cost=False,
-            label=f"ZeRO-{config['zero_optimization']['stage']}",
-        )
-    finally:
-        engine.destroy()
-        torch._dynamo.reset()
-
-
-@dataclass(repr=False)  # the repr is Result's (the text summary)
-class ZeroGraphBreaks(Result):
-    """Graphs and graph breaks of one compiled model under each ZeRO stage (rank 0's reports)."""
-
-    table: pd.DataFrame
-    reports: dict[int, Any]
-
-    def _text(self) -> str:
-        lines = ["Graph breaks of the compiled model per ZeRO stage (rank 0):",
-                 self.table.to_string(index=False)]
-        return "\n".join(lines)
-
-    def _html(self) -> str:
-        return "<p><b>Graph breaks of the compiled model per ZeRO stage</b> (rank 0)</p>" + html_table(
-            self.table
-        )
-
-
-def zero_graph_breaks(
-    cluster: Cluster,
-    model_fn: Callable[[], Any],
-    batch_fn: Callable[[int], Any],
-    *,
-    stages: Sequence[int] = (1, 2, 3),
-    backend: str = "eager",
-    steps: int = 2,
-    micro_batch_size: int = 8,
-    lr: float = 1e-3,
-    loss_fn: Callable[[Any, Any], Any] | None = None,
-) -> ZeroGraphBreaks:
-    """Compile the model with DeepSpeed (``engine.compile``) under each ZeRO stage and count its
-    graphs and graph breaks on every rank.
-
-    ZeRO-3 gathers and releases each parameter around its module through hooks, so the compiler
-    sees parameter communication inside the model; stages 1 and 2 only partition optimizer state
-    and gradients, outside the forward. How much of the model ends up in one graph is the point
-    of the comparison. Rank 0's reports are kept in ``.reports`` (stage -> GraphReport).
-    """
-    import pandas as pd
-
-    bad = [s for s in stages if s not in (1, 2, 3)]
-    if bad or not stages:
-        raise NbtUsageError(f"stages must be among 1, 2, 3, got {list(stages)}")
-    rows, reports = [], {}
-    for stage in stages:
-        config = zero_config(micro_batch_size=micro_batch_size, stage=stage)
-        per_rank = cluster.run(
-            lambda config=config: graph_breaks_one_on_rank(
-                model_fn, batch_fn, config, backend=backend, steps=steps, lr=lr, loss_fn=loss_fn
-            )
-        )
-        report = per_rank[0]
-        reasons = report.break_summary()
-        rows.append(
-            {
-                "stage": stage,
-                "graphs": len(report.graphs),
-                "graph_breaks": len(report.breaks),
-                "distinct_breaks": len(reasons),
-                "recompiles": len(report.recompiles),
-                "compile_time_s": round(float(report.compile_time_s), 3),
-                "top_break": str(reasons.iloc[0]["gb_type"]) if len(reasons) else "",
-                "same_on_all_ranks": all(len(r.breaks) == len(report.breaks) for r in per_rank),
-            }
-        )
-        reports[stage] = report
-    return ZeroGraphBreaks(table=pd.DataFrame(rows), reports=reports)
