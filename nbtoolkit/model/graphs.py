@@ -197,7 +197,7 @@ class GraphReport(Result):
         import pyarrow.parquet as pq
 
         from nbtoolkit.errors import NbtUsageError
-        from nbtoolkit.io.compile_events import FRAME_COLUMNS
+        from nbtoolkit.model.graph_schema import FRAME_COLUMNS
 
         folder = Path(path).expanduser()
         head_path = folder / "report.json"

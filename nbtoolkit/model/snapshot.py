@@ -20,6 +20,10 @@ Frames:
 * ``annotations``: ``external_annotations`` (``device, stage, name, time_us``), e.g. the
   ``Optimizer.step#AdamW.step`` START/END ranges torch emits.
 * ``stacks``: interned stacks, innermost frame first, one ``file:line in function`` per line.
+
+How stacks are turned into text and phase hints is in :mod:`nbtoolkit.model.snapshot_stacks`;
+how the trace becomes a :class:`~nbtoolkit.model.memory.MemoryTimeline` (:meth:`MemorySnapshot.timeline`)
+is in :mod:`nbtoolkit.model.snapshot_timeline`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.snapshot_stacks import StackInterner
+from nbtoolkit.model.snapshot_timeline import snapshot_events
 from nbtoolkit.units import format_bytes, memory_viz_size
 
 if TYPE_CHECKING:
@@ -41,132 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MemorySnapshot", "SnapshotStats", "memory_viz_size"]
 
-# Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
-_OMIT_FUNCTIONS = (
-    "unwind::unwind",
-    "CapturedTraceback::gather",
-    "gather_with_cpp",
-    "_start",
-    "__libc_start_main",
-    "PyEval_",
-    "PyObject_",
-    "PyFunction_",
-    "_PyEval",
-    "Py_RunMain",
-    "Py_BytesMain",
-    "pymain_",
-)
-_OMIT_FILES = (
-    "core/boxing",
-    "/Register",
-    "/Redispatch",
-    "pythonrun.c",
-    "Modules/main.c",
-    "Objects/call.c",
-    "ceval.c",
-    "pycore_ceval.h",
-    "cpython/abstract.h",
-)
-_MAX_STACK_LINES = 40
 _FRAMES = ("segments", "blocks", "trace", "annotations")
 _SAVED_FORMAT = "nbtoolkit.MemorySnapshot"
-
-
-def _short_path(filename: str) -> str:
-    parts = filename.replace("\\", "/").split("/")
-    return "/".join(parts[-2:]) if len(parts) > 2 else filename
-
-
-def _format_stack(frames: list[dict[str, Any]]) -> str:
-    """Python frames when there are any (what a user recognizes), else the filtered C++ frames."""
-    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
-    chosen = python or [
-        f
-        for f in frames
-        if not any(o in str(f.get("name", "")) for o in _OMIT_FUNCTIONS)
-        and not any(o in str(f.get("filename", "")) for o in _OMIT_FILES)
-    ]
-    lines = [
-        f"{_short_path(str(f.get('filename', '?')))}:{f.get('line', 0)} in {f.get('name', '?')}"
-        for f in chosen[:_MAX_STACK_LINES]
-    ]
-    return "\n".join(lines)
-
-
-class _StackInterner:
-    """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
-
-    def __init__(self) -> None:
-        self.stacks: list[str] = []
-        self._by_text: dict[str, int] = {}
-        self._by_identity: dict[int, int] = {}
-        self._keep_alive: list[Any] = []
-        self.hints: list[str] = []  # per stack: phase hint for the heuristics (see _stack_hint)
-        self.sources: list[str] = []  # per stack: innermost user-code frame
-
-    def intern(self, frames: Any) -> int:
-        if not frames:
-            return -1
-        key = id(frames)
-        found = self._by_identity.get(key)
-        if found is not None:
-            return found
-        text = _format_stack(frames)
-        index = self._by_text.get(text)
-        if index is None:
-            index = len(self.stacks)
-            self.stacks.append(text)
-            self._by_text[text] = index
-            self.hints.append(_stack_hint(frames))
-            self.sources.append(_user_source(frames))
-        self._by_identity[key] = index
-        self._keep_alive.append(frames)  # ids stay unique while we hold the objects
-        return index
-
-
-def _rooted(filename: str) -> str:
-    return "/" + filename.replace("\\", "/").lstrip("/")
-
-
-def _stack_hint(frames: list[dict[str, Any]]) -> str:
-    """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
-    # Paths are absolute in CUDA snapshots, relative to site-packages in profiler stacks
-    # ("torch/optim/adamw.py"): a leading "/" lets one set of rules read both.
-    names = [(str(f.get("name", "")), _rooted(str(f.get("filename", "")))) for f in frames]
-    if any("/torch/optim/" in fn for _, fn in names):
-        return "optimizer"
-    if any(
-        "autograd::Engine" in n
-        or "evaluate_function" in n
-        or "run_backward" in n
-        or (n == "backward" and (fn.endswith(("torch/_tensor.py", "autograd/__init__.py"))))
-        or (n == "_engine_run_backward")
-        for n, fn in names
-    ):
-        return "backward"
-    if any(
-        (fn.endswith("torch/nn/modules/module.py") and n in ("_apply", "to", "cuda"))
-        or ("/torch/nn/modules/" in fn and n in ("__init__", "reset_parameters"))
-        or fn.endswith("torch/nn/parameter.py")
-        for n, fn in names
-    ):
-        return "parameter"
-    if any(
-        fn.endswith("torch/nn/modules/module.py") and n in ("_call_impl", "_wrapped_call_impl")
-        for n, fn in names
-    ):
-        return "forward"
-    return "other"
-
-
-def _user_source(frames: list[dict[str, Any]]) -> str:
-    """Innermost Python frame outside torch and site-packages: where in the user's code."""
-    for f in frames:
-        filename = str(f.get("filename", "")).replace("\\", "/")
-        rooted = _rooted(filename)
-        if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
-            return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
-    return ""
 
 
 @dataclass(repr=False)
@@ -235,7 +117,7 @@ class MemorySnapshot(Result):
         """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely)."""
         import pandas as pd
 
-        interner = _StackInterner()
+        interner = StackInterner()
         seg_rows = []
         block_rows = []
         for index, seg in enumerate(snapshot.get("segments") or []):
@@ -523,14 +405,14 @@ class MemorySnapshot(Result):
         """The allocation history of one device as a :class:`MemoryTimeline`.
 
         ``device`` defaults to the device with the most trace entries (else the most segments).
-        See :func:`_snapshot_events` in this module for how phases
+        See :func:`nbtoolkit.model.snapshot_timeline.snapshot_events` for how phases
         and categories are inferred (allocator snapshots record no categories).
         """
         from nbtoolkit.model.memory import MemoryTimeline
 
         if device is None:
             device = _default_device(self)
-        events, notes = _snapshot_events(self, device)
+        events, notes = snapshot_events(self, device)
         return MemoryTimeline(
             events=events,
             stacks=list(self.stacks),
@@ -598,182 +480,3 @@ def _default_device(snapshot: MemorySnapshot) -> int:
     if len(snapshot.segments):
         return int(snapshot.segments["device"].value_counts().idxmax())
     return 0
-
-
-def _snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFrame, list[str]]:
-    """Memory events of one device from a snapshot's trace plus its live blocks.
-
-    Algorithm:
-
-    1. Walk the device's trace in order. ``alloc`` opens an allocation (+size);
-       ``free_completed`` closes it (-size). A ``free_completed`` of an address that was
-       never allocated in the trace was allocated before recording started: it gets a
-       ``preexisting`` row at time 0. ``free_requested`` (the free is only queued),
-       ``segment_*`` (reserved, not allocated, memory) and ``oom`` do not change
-       allocated bytes.
-    2. Blocks still ``active_allocated`` in the segments whose address was not opened
-       by the trace also existed before recording: ``preexisting`` rows at time 0.
-    3. Phase per allocation: ``optimizer`` if inside an ``Optimizer.*`` annotation range
-       or its stack runs in ``torch/optim``; ``backward`` if its stack runs in the autograd
-       engine; ``forward`` if it runs inside ``nn.Module.__call__``; else ``other``.
-    4. Category per allocation, from its phase and whether it outlives the run of
-       consecutive events of that phase: optimizer -> optimizer_state (outlives) or
-       temporary; backward -> gradient or autograd_detail; forward -> activation or
-       temporary; stacks under ``nn.Module._apply``/``to``/``Parameter`` -> parameter;
-       pre-existing blocks whose stack shows parameter creation -> parameter, optimizer
-       code -> optimizer_state; everything else -> unknown.
-    """
-    import numpy as np
-    import pandas as pd
-
-    trace = snapshot.trace[snapshot.trace["device"] == device]
-    notes: list[str] = []
-    has_time = bool(len(trace)) and not trace["time_us"].isna().any()
-    if len(trace) and not has_time:
-        notes.append("this snapshot records no time_us: the time axis is the trace entry index")
-    times_raw = (
-        trace["time_us"].to_numpy(dtype="float64") if has_time else np.arange(len(trace), dtype="float64")
-    )
-    start = float(times_raw.min()) if len(times_raw) else 0.0
-
-    # Optimizer ranges from annotations (START/END pairs by name).
-    optimizer_ranges: list[tuple[float, float]] = []
-    open_at: dict[str, float] = {}
-    ann = snapshot.annotations
-    for row in ann[ann["device"] == device].itertuples():
-        if not str(row.name).startswith("Optimizer."):
-            continue
-        if row.stage == "START":
-            open_at[str(row.name)] = float(row.time_us)
-        elif row.stage == "END" and str(row.name) in open_at:
-            optimizer_ranges.append((open_at.pop(str(row.name)), float(row.time_us)))
-
-    hints = snapshot.stack_hints
-    sources: dict[int, str] = {}
-
-    rows: list[
-        tuple[float, str, int, int, str, int, str]
-    ] = []  # time, action, delta, tensor, phase, stack, src
-    pre_rows: list[tuple[float, str, int, int, str, int, str]] = []
-    live: dict[int, tuple[int, int]] = {}  # addr -> (tensor id, size)
-    next_id = 0
-    actions = trace["action"].to_numpy()
-    addrs = trace["addr"].to_numpy()
-    sizes = trace["size"].to_numpy()
-    stack_ids = trace["stack_id"].to_numpy()
-    ooms = 0
-    for i in range(len(trace)):
-        action = actions[i]
-        t = float(times_raw[i]) - start
-        if action == "alloc":
-            sid = int(stack_ids[i])
-            phase = hints[sid] if sid >= 0 and hints[sid] in ("forward", "backward", "optimizer") else "other"
-            if has_time and any(a <= times_raw[i] <= b for a, b in optimizer_ranges):
-                phase = "optimizer"
-            if sid not in sources:
-                sources[sid] = snapshot.stack_sources[sid] if sid >= 0 else ""
-            live[int(addrs[i])] = (next_id, int(sizes[i]))
-            rows.append((t, "alloc", int(sizes[i]), next_id, phase, sid, sources[sid]))
-            next_id += 1
-        elif action in ("free_completed", "free"):  # "free": snapshots of torch < 2.1
-            addr = int(addrs[i])
-            if addr in live:
-                tensor, size = live.pop(addr)
-            else:
-                tensor, size = next_id, int(sizes[i])
-                next_id += 1
-                pre_rows.append((0.0, "preexisting", size, tensor, "before", -1, ""))
-            rows.append((t, "free", -size, tensor, "", int(stack_ids[i]), ""))
-        elif action == "oom":
-            ooms += 1
-    if ooms:
-        notes.append(f"{ooms} out-of-memory event(s) in the trace: see MemorySnapshot.ooms")
-    opened = {addr for addr, _ in live.items()}
-    blocks = snapshot.blocks
-    still = blocks[(blocks["device"] == device) & (blocks["state"] == "active_allocated")]
-    for block in still.itertuples():
-        if int(block.address) in opened:
-            continue
-        sid = int(block.stack_id)
-        # requested_size: the trace records the bytes asked for, not the rounded block size.
-        pre_rows.append(
-            (
-                0.0,
-                "preexisting",
-                int(block.requested_size),
-                next_id,
-                "before",
-                sid,
-                snapshot.stack_sources[sid] if sid >= 0 else "",
-            )
-        )
-        next_id += 1
-    if pre_rows:
-        notes.append(
-            f"{len(pre_rows):,} allocations existed before recording started "
-            f"({format_bytes(sum(r[2] for r in pre_rows))}): shown as 'preexisting' at time 0"
-        )
-    frame = pd.DataFrame(
-        pre_rows + rows, columns=["time_us", "action", "delta_bytes", "tensor", "phase", "stack_id", "source"]
-    )
-    frame["category"] = _infer_categories(frame, hints)
-    # A free inherits the phase of the moment it happens: the phase of the previous alloc.
-    phase = frame["phase"].replace("", np.nan).ffill().fillna("other")
-    frame["phase"] = phase.to_numpy()
-    return frame, notes
-
-
-def _infer_categories(frame: pd.DataFrame, hints: list[str]) -> Any:
-    """Step 4 of :func:`_snapshot_events`: category per row (frees copy their allocation's)."""
-    import numpy as np
-
-    n = len(frame)
-    categories = np.full(n, "unknown", dtype=object)
-    if n == 0:
-        return categories
-    phases = frame["phase"].to_numpy(dtype=object)
-    actions = frame["action"].to_numpy(dtype=object)
-    tensors = frame["tensor"].to_numpy()
-    stack_ids = frame["stack_id"].to_numpy()
-    # Runs of the same phase over alloc rows; a free belongs to the run that is open.
-    run_id = np.zeros(n, dtype="int64")
-    current = -1
-    last_phase = None
-    for i in range(n):
-        if actions[i] == "alloc" and phases[i] != last_phase:
-            current += 1
-            last_phase = phases[i]
-        run_id[i] = max(current, 0)
-    free_run: dict[int, int] = {}
-    for i in range(n):
-        if actions[i] == "free":
-            free_run[int(tensors[i])] = int(run_id[i])
-    survives_to = {
-        "optimizer": ("optimizer_state", "temporary"),
-        "backward": ("gradient", "autograd_detail"),
-        "forward": ("activation", "temporary"),
-    }
-    by_tensor: dict[int, str] = {}
-    for i in range(n):
-        if actions[i] not in ("alloc", "preexisting"):
-            continue
-        tensor = int(tensors[i])
-        phase = phases[i]
-        sid = int(stack_ids[i])
-        if actions[i] == "preexisting":
-            # Only its stack (if the block kept one) tells what it was.
-            hint = hints[sid] if sid >= 0 else ""
-            category = {"parameter": "parameter", "optimizer": "optimizer_state"}.get(hint, "unknown")
-        elif sid >= 0 and hints[sid] == "parameter" and phase != "optimizer":
-            category = "parameter"
-        elif phase in survives_to:
-            outlives = free_run.get(tensor, run_id[i] + 1) > run_id[i]
-            category = survives_to[phase][0 if outlives else 1]
-        else:
-            category = "unknown"
-        by_tensor[tensor] = category
-        categories[i] = category
-    for i in range(n):
-        if actions[i] == "free":
-            categories[i] = by_tensor.get(int(tensors[i]), "unknown")
-    return categories

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from nbtoolkit.analysis.graph_breaks import break_summary, classify_break, fix_hint
-from nbtoolkit.io.compile_events import FRAME_COLUMNS, parse_graph_break_text
+from nbtoolkit.io.graph_break_text import parse_graph_break_text
+from nbtoolkit.model.graph_schema import FRAME_COLUMNS
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
+from nbtoolkit.capture import peak_flops
 from nbtoolkit.capture import step_metrics as capture
 
 
@@ -105,7 +106,7 @@ def test_given_peak_is_used_and_named(make_gpt: Any) -> None:
 
 def test_known_gpu_takes_its_peak_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # The device name is torch's; the lookup path is what a GPU run takes.
-    monkeypatch.setattr(capture, "_device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(peak_flops, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
     peak, source = capture.resolve_peak("cuda:0", torch.bfloat16)
     assert peak == 312e12
     assert source.startswith("table: NVIDIA A100 bf16 dense")

@@ -1,0 +1,177 @@
+"""What runs on each rank of a DeepSpeed sweep: the engine, the timed and profiled steps, and
+the graph capture of a compiled engine.
+
+These functions are sent to the ranks by :func:`nbtoolkit.Cluster.run` (from
+:mod:`.sweep` and :mod:`.graph_breaks`); torch and deepspeed are imported inside them, on
+the rank. The definitions of the numbers they return are in :mod:`.sweep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
+
+
+def parameter_count(model_fn: Callable[[], Any]) -> int:
+    """Parameters of a freshly built model (what the default sweep settings are scaled to)."""
+    return int(sum(p.numel() for p in model_fn().parameters()))
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of all tensors reachable by the garbage collector, each storage once."""
+    import gc
+
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if key in seen or key == 0:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+        except (RuntimeError, ReferenceError):  # tensors without storage (sparse, fake)
+            continue
+    return total
+
+
+def _engine_and_step(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    config: dict[str, Any],
+    *,
+    rank: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> tuple[Any, Callable[[], float]]:
+    """On a rank: the model (seeded alike on every rank) under DeepSpeed ``config``, and one
+    training step on this rank's batch (forward, ``engine.backward``, ``engine.step``)."""
+    import deepspeed
+    import torch
+
+    torch.manual_seed(0)
+    model = model_fn()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    batch = batch_fn(rank)
+    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+    inputs = inputs.to(engine.device)
+    targets = targets.to(engine.device) if targets is not None else None
+
+    def step() -> float:
+        out = engine(inputs)
+        if loss_fn is not None:
+            loss = loss_fn(out, targets)
+        elif targets is not None:
+            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
+        else:
+            loss = out.float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach())
+
+    return engine, step
+
+
+def sweep_one_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    config: dict[str, Any],
+    *,
+    steps: int,
+    warmup: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> dict[str, Any]:
+    """Build the model under ``config``, time ``steps`` steps, profile ``steps`` more; return numbers."""
+    import gc
+    import json
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from nbtoolkit.cluster.rank_tools import profile_to_bytes
+
+    rank = dist.get_rank()
+    gc.collect()
+    before = 0 if torch.cuda.is_available() else _live_tensor_bytes()
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
+
+    try:
+        for _ in range(warmup):
+            step()
+        dist.barrier()
+        times = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+        gc.collect()
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = 0
+        else:
+            base = max(0, _live_tensor_bytes() - before)
+        profiled = profile_to_bytes(step, steps=steps, warmup=0, profile_memory=not cuda)
+        if cuda:
+            peak = int(torch.cuda.max_memory_allocated())
+        else:
+            import gzip
+
+            doc = json.loads(gzip.decompress(profiled["trace_gz"]))
+            growth = [
+                int(e["args"].get("Total Allocated", 0))
+                for e in doc.get("traceEvents", [])
+                if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+            ]
+            peak = base + max([0, *growth])
+        return {
+            "step_times_s": times,
+            "trace_gz": profiled["trace_gz"],
+            "peak_bytes": peak,
+            "state_bytes": base,
+            "loss": profiled["last"],
+        }
+    finally:
+        # Release DeepSpeed's hooks and buffers; the next configuration starts with gc.collect().
+        engine.destroy()
+
+
+def graph_breaks_one_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    config: dict[str, Any],
+    *,
+    backend: str,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> Any:
+    """Build the model under ``config``, compile it with DeepSpeed's ``engine.compile``, and capture
+    the graphs, breaks and recompiles of ``steps`` training steps (a GraphReport)."""
+    import torch
+    import torch.distributed as dist
+
+    from nbtoolkit.capture.graphs import capture_graphs
+
+    torch._dynamo.reset()  # every stage compiles from scratch
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=dist.get_rank(), lr=lr, loss_fn=loss_fn)
+
+    try:
+        engine.compile(backend=backend)
+        return capture_graphs(
+            step, steps=steps, eager_baseline=False, measure_cost=False,
+            label=f"ZeRO-{config['zero_optimization']['stage']}",
+        )
+    finally:
+        engine.destroy()
+        torch._dynamo.reset()

@@ -1,0 +1,276 @@
+"""A sweep of DeepSpeed ZeRO's communication knobs on the cluster's ranks, and its reading.
+
+    sweep = zero_sweep(cluster, make_model, make_batch)      # a ZeroSweep result
+    sweep.table; sweep.figure(); print(sweep.reading())
+
+What the sweep measures, per configuration, on every rank:
+
+- **step time**: wall time of each of ``steps`` training steps (forward, backward,
+  ``engine.step()``), after ``warmup`` steps, with a barrier before the first; the
+  configuration's step time is the median over steps of the slowest rank.
+- **communication and exposed communication**: from a torch.profiler trace of ``steps``
+  more steps on each rank, :func:`nbtoolkit.comm_comp_overlap` (nbtoolkit's CPU/gloo
+  definition on CPU ranks, HTA's on GPUs), per step (all profiled steps kept), mean over
+  ranks; ``collectives_per_step`` counts the collective calls of rank 0 per step.
+- **peak memory per rank**: on GPUs ``torch.cuda.max_memory_allocated`` over the
+  profiled steps. On CPUs (no allocator statistics) nbtoolkit's definition: the bytes of
+  the tensors this configuration holds when profiling starts (all tensors the garbage
+  collector finds, each storage counted once, minus those alive before the model was
+  built: parameters, gradients, optimizer state, DeepSpeed's flat buffers) plus the
+  highest "Total Allocated" the profiler reports during the profiled steps (bytes
+  allocated since profiling started). The largest rank is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.integrations.deepspeed.config import (
+    KNOBS,
+    default_settings,
+    grid_settings,
+    label,
+    short_count,
+    zero_config,
+)
+from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
+from nbtoolkit.model._result import Result, escape, html_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.cluster.cluster import Cluster
+    from nbtoolkit.model.trace import Trace
+
+__all__ = ["ZeroSweep", "read_sweep", "zero_sweep"]
+
+_NOISE = 0.10  # changes smaller than 10% are called "no clear change" (timings on shared CPUs)
+
+
+@dataclass(repr=False)  # the repr is Result's (the text summary)
+class ZeroSweep(Result):
+    """One row per ZeRO configuration: step time, communication, peak memory; plus its traces."""
+
+    table: pd.DataFrame
+    traces: dict[str, Trace] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def figure(self) -> Any:
+        """Bars per configuration: step time and exposed communication (ms), peak memory (MB)."""
+        from nbtoolkit.views.cluster import sweep_figure
+
+        return sweep_figure(self.table)
+
+    def reading(self) -> str:
+        """What the knobs changed, in plain words, each configuration against the first."""
+        return read_sweep(self.table)
+
+    def _text(self) -> str:
+        cols = [
+            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "collectives_per_step", "peak_mb",
+        ]  # fmt: skip
+        shown = self.table[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
+        return f"ZeRO sweep: {len(self.table)} configurations\n{shown}\n\n{self.reading()}" + "".join(
+            f"\nnote: {n}" for n in self.notes
+        )
+
+    def _html(self) -> str:
+        cols = [
+            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "collectives_per_step",
+            "peak_mb",
+        ]  # fmt: skip
+        reading = "".join(f"<li>{escape(line)}</li>" for line in self.reading().splitlines())
+        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
+        return (
+            f"<div class='nbt-zero-sweep'><b>ZeRO sweep</b>: {len(self.table)} configurations "
+            "(times in ms, memory in MB per rank)"
+            + html_table(self.table[cols])
+            + f"<ul>{reading}</ul>{notes}</div>"
+        )
+
+
+def zero_sweep(
+    cluster: Cluster,
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    *,
+    settings: Sequence[dict[str, Any]] | None = None,
+    grid: dict[str, Iterable[Any]] | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    micro_batch_size: int = 8,
+    lr: float = 1e-3,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    keep_traces: bool = True,
+) -> ZeroSweep:
+    """Run a few DeepSpeed steps per ZeRO configuration on every rank of ``cluster``.
+
+    Args:
+        model_fn: builds the model (called on each rank, seeded the same).
+        batch_fn: ``batch_fn(rank)`` -> ``inputs`` or ``(inputs, targets)`` for that rank.
+        settings: configurations (dicts of :data:`KNOBS`); default :func:`default_settings`.
+        grid: instead of settings, every combination of these knob values.
+        loss_fn: ``loss_fn(output, targets)``; default MSE against targets, or mean square.
+    Returns:
+        A :class:`ZeroSweep` (definitions of each number in the module docstring).
+    """
+    import pandas as pd
+
+    from nbtoolkit.analysis.overlap import comm_comp_overlap
+
+    if settings is not None and grid is not None:
+        raise NbtUsageError("give settings or grid, not both")
+    if steps < 1 or warmup < 0:
+        raise NbtUsageError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    if grid is not None:
+        chosen = grid_settings(grid)
+    elif settings is not None:
+        chosen = [dict(s) for s in settings]
+    else:
+        chosen = default_settings(cluster.run(lambda: parameter_count(model_fn), ranks=0)[0])
+    for setting in chosen:
+        unknown = sorted(set(setting) - set(KNOBS))
+        if unknown:
+            raise NbtUsageError(f"unknown ZeRO knob(s) {unknown} in {setting}: use {', '.join(KNOBS)}")
+    rows = []
+    traces: dict[str, Trace] = {}
+    for setting in chosen:
+        config = zero_config(micro_batch_size=micro_batch_size, **setting)
+        results = cluster.run(
+            lambda config=config: sweep_one_on_rank(
+                model_fn, batch_fn, config, steps=steps, warmup=warmup, lr=lr, loss_fn=loss_fn
+            )
+        )
+        name = label(setting)
+        trace = _load_traces([r["trace_gz"] for r in results])
+        overlap = comm_comp_overlap(trace, include_last_step=True)
+        per_call = comm_comp_overlap(trace, by="collective", include_last_step=True)
+        slowest = [max(times) for times in zip(*(r["step_times_s"] for r in results), strict=True)]
+        rows.append(
+            {
+                "config": name,
+                **{k: setting.get(k) for k in KNOBS},
+                "step_time_ms": 1e3 * float(pd.Series(slowest).median()),
+                "comm_ms": float(overlap["comm_time_us"].mean()) / 1e3 / steps,
+                "exposed_comm_ms": float(overlap["exposed_comm_us"].mean()) / 1e3 / steps,
+                "overlap_pct": float(overlap["overlap_pct"].mean()),
+                "collectives_per_step": float((per_call["rank"] == trace.ranks[0]).sum()) / steps,
+                "peak_mb": max(r["peak_bytes"] for r in results) / 2**20,
+                "state_mb": max(r["state_bytes"] for r in results) / 2**20,
+                "loss": results[0]["loss"],
+            }
+        )
+        if keep_traces:
+            traces[name] = trace
+    table = pd.DataFrame(rows)
+    table["stage"] = table["stage"].fillna(1).astype(int)
+    notes = [
+        f"{steps} timed steps after {warmup} warmup, then {steps} profiled steps, {cluster.world_size} ranks",
+        (
+            "communication is measured in the profiled steps, which the profiler slows down: compare it "
+            "between configurations, not with the step time"
+        ),
+    ]
+    return ZeroSweep(table=table, traces=traces, notes=notes)
+
+
+def _load_traces(blobs: list[bytes]) -> Trace:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from nbtoolkit.io.kineto import load_trace
+
+    folder = Path(tempfile.mkdtemp(prefix="nbt-zero-"))
+    try:
+        for rank, blob in enumerate(blobs):
+            (folder / f"rank{rank}.json.gz").write_bytes(blob)
+        return load_trace(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _change(new: float, old: float) -> float:
+    return (new - old) / old if old and math.isfinite(old) and math.isfinite(new) else math.nan
+
+
+def _verb(ratio: float, what: str, unit_new: str, unit_old: str) -> str:
+    if not math.isfinite(ratio) or abs(ratio) < _NOISE:
+        return f"no clear change in {what} ({unit_old} -> {unit_new})"
+    direction = "raised" if ratio > 0 else "cut"
+    return f"{direction} {what} by {abs(ratio) * 100:.0f}% ({unit_old} -> {unit_new})"
+
+
+_STAGE_MEANING = {
+    1: "ZeRO-1 partitions the optimizer state across ranks",
+    2: "ZeRO-2 partitions the optimizer state and the gradients (reduce-scatter instead of all-reduce)",
+    3: "ZeRO-3 partitions parameters too, gathering each layer's parameters before its forward and backward",
+}
+
+
+def read_sweep(table: pd.DataFrame) -> str:
+    """One plain-words line per configuration, against the first one (the baseline).
+
+    A change under 10% is called "no clear change": timings on shared CPUs vary that much.
+    """
+    if table.empty:
+        return "no configurations were run"
+    base = table.iloc[0]
+    lines = [
+        f"baseline {base['config']}: {base['step_time_ms']:.1f} ms per step, "
+        f"{base['exposed_comm_ms']:.1f} ms exposed communication, {base['peak_mb']:.1f} MB peak per rank. "
+        + _STAGE_MEANING.get(int(base["stage"]), "")
+    ]
+    for _, row in table.iloc[1:].iterrows():
+        changed = [k for k in KNOBS if _differs(row[k], base[k])]
+        what = ", ".join(f"{k}={_show(row[k])}" for k in changed) or "nothing"
+        parts = [
+            _verb(_change(row["step_time_ms"], base["step_time_ms"]), "step time",
+                  f"{row['step_time_ms']:.1f} ms", f"{base['step_time_ms']:.1f} ms"),
+            _verb(_change(row["peak_mb"], base["peak_mb"]), "peak memory",
+                  f"{row['peak_mb']:.1f} MB", f"{base['peak_mb']:.1f} MB"),
+        ]  # fmt: skip
+        calls_new, calls_old = row["collectives_per_step"], base["collectives_per_step"]
+        if calls_new != calls_old:
+            parts.append(f"{calls_new:.0f} collective calls per step instead of {calls_old:.0f}")
+        why = []
+        if "stage" in changed:
+            why.append(_STAGE_MEANING.get(int(row["stage"]), ""))
+        if any(k.endswith("bucket_size") for k in changed):
+            why.append(
+                "smaller buckets split the same bytes into more, smaller collectives (more fixed cost per "
+                "call, but each can start sooner); larger ones do the opposite. DeepSpeed allocates each "
+                "bucket at its full size (elements x 4 bytes in fp32), so bucket sizes also move peak "
+                "memory: the default of 500M elements is a ~1.9 GB buffer however small the model"
+            )
+        if "overlap_comm" in changed:
+            why.append(
+                "overlap_comm runs reductions on a side stream while the backward pass continues "
+                "(on CPU ranks with gloo there is no side stream, so expect little effect)"
+            )
+        line = f"{row['config']} (changed {what}): " + "; ".join(parts) + "."
+        if why:
+            line += " Why: " + " ".join(w.rstrip(".") + "." for w in why if w)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _differs(a: Any, b: Any) -> bool:
+    def norm(v: Any) -> Any:
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    return bool(norm(a) != norm(b))
+
+
+def _show(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "default"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, (int, float)):
+        return short_count(v)
+    return str(v)

@@ -1,0 +1,145 @@
+"""Allocator stacks of a CUDA snapshot: the readable text, the phase hint and the user's line.
+
+A snapshot (:class:`nbtoolkit.model.snapshot.MemorySnapshot`) records, for every block and
+trace entry, the stack that allocated it as a list of frames (``filename``, ``line``,
+``name``), Python and C++ mixed. Many entries share one stack, often the very same list
+object (the pickle memo), so :class:`StackInterner` formats each stack once and hands out
+its index. Per stack it keeps:
+
+* the text shown to the user (:func:`format_stack`): the Python frames when there are any,
+  else the C++ frames without the allocator's and the interpreter's own machinery;
+* a phase hint (:func:`stack_hint`) that the timeline heuristics of
+  :mod:`nbtoolkit.model.snapshot_timeline` start from;
+* the innermost frame of the user's own code (:func:`user_source`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["StackInterner", "format_stack", "stack_hint", "user_source"]
+
+# Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
+_OMIT_FUNCTIONS = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+    "_PyEval",
+    "Py_RunMain",
+    "Py_BytesMain",
+    "pymain_",
+)
+_OMIT_FILES = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "ceval.c",
+    "pycore_ceval.h",
+    "cpython/abstract.h",
+)
+_MAX_STACK_LINES = 40
+
+
+def _short_path(filename: str) -> str:
+    parts = filename.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else filename
+
+
+def format_stack(frames: list[dict[str, Any]]) -> str:
+    """Python frames when there are any (what a user recognizes), else the filtered C++ frames."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    chosen = python or [
+        f
+        for f in frames
+        if not any(o in str(f.get("name", "")) for o in _OMIT_FUNCTIONS)
+        and not any(o in str(f.get("filename", "")) for o in _OMIT_FILES)
+    ]
+    lines = [
+        f"{_short_path(str(f.get('filename', '?')))}:{f.get('line', 0)} in {f.get('name', '?')}"
+        for f in chosen[:_MAX_STACK_LINES]
+    ]
+    return "\n".join(lines)
+
+
+class StackInterner:
+    """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
+
+    def __init__(self) -> None:
+        self.stacks: list[str] = []
+        self._by_text: dict[str, int] = {}
+        self._by_identity: dict[int, int] = {}
+        self._keep_alive: list[Any] = []
+        self.hints: list[str] = []  # per stack: phase hint for the heuristics (see stack_hint)
+        self.sources: list[str] = []  # per stack: innermost user-code frame
+
+    def intern(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        key = id(frames)
+        found = self._by_identity.get(key)
+        if found is not None:
+            return found
+        text = format_stack(frames)
+        index = self._by_text.get(text)
+        if index is None:
+            index = len(self.stacks)
+            self.stacks.append(text)
+            self._by_text[text] = index
+            self.hints.append(stack_hint(frames))
+            self.sources.append(user_source(frames))
+        self._by_identity[key] = index
+        self._keep_alive.append(frames)  # ids stay unique while we hold the objects
+        return index
+
+
+def _rooted(filename: str) -> str:
+    return "/" + filename.replace("\\", "/").lstrip("/")
+
+
+def stack_hint(frames: list[dict[str, Any]]) -> str:
+    """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
+    # Paths are absolute in CUDA snapshots, relative to site-packages in profiler stacks
+    # ("torch/optim/adamw.py"): a leading "/" lets one set of rules read both.
+    names = [(str(f.get("name", "")), _rooted(str(f.get("filename", "")))) for f in frames]
+    if any("/torch/optim/" in fn for _, fn in names):
+        return "optimizer"
+    if any(
+        "autograd::Engine" in n
+        or "evaluate_function" in n
+        or "run_backward" in n
+        or (n == "backward" and (fn.endswith(("torch/_tensor.py", "autograd/__init__.py"))))
+        or (n == "_engine_run_backward")
+        for n, fn in names
+    ):
+        return "backward"
+    if any(
+        (fn.endswith("torch/nn/modules/module.py") and n in ("_apply", "to", "cuda"))
+        or ("/torch/nn/modules/" in fn and n in ("__init__", "reset_parameters"))
+        or fn.endswith("torch/nn/parameter.py")
+        for n, fn in names
+    ):
+        return "parameter"
+    if any(
+        fn.endswith("torch/nn/modules/module.py") and n in ("_call_impl", "_wrapped_call_impl")
+        for n, fn in names
+    ):
+        return "forward"
+    return "other"
+
+
+def user_source(frames: list[dict[str, Any]]) -> str:
+    """Innermost Python frame outside torch and site-packages: where in the user's code."""
+    for f in frames:
+        filename = str(f.get("filename", "")).replace("\\", "/")
+        rooted = _rooted(filename)
+        if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
+            return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
+    return ""
