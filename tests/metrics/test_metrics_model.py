@@ -65,7 +65,7 @@ def test_text_carries_units_and_names_the_peak_source() -> None:
     text = repr(_metrics())
     assert text.startswith("StepMetrics: MFU 1.92% · HFU 2.24% · 6.00 TFLOP/s model · 16,384 tokens/s")
     assert "3.00 TFLOP (forward 1.00 TFLOP + backward 2.00 TFLOP)" in text
-    assert "500.00 ms median of 3" in text
+    assert "500.0 ms median of 3" in text
     assert "table: NVIDIA A100 bf16 dense" in text
     assert "nan" not in text.lower()
 
