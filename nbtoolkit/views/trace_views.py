@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nbtoolkit.model._result import Result, html_table
+from nbtoolkit.model.steps import PROFILER_STEP_PREFIX
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,7 +69,7 @@ def _lanes(trace: Trace, rank: int) -> list[tuple[str, str, np.ndarray, np.ndarr
                             rows["name"].astype(str).tolist(),
                         )
                     )
-    host = frame[(stream < 0) & ~frame["name"].astype(str).str.startswith("ProfilerStep")]
+    host = frame[(stream < 0) & ~frame["name"].astype(str).str.startswith(PROFILER_STEP_PREFIX)]
     names = host["name"]
     comm_flags = np.array([str(c).startswith(COMM_PREFIXES) for c in names.cat.categories] + [False])
     is_comm = comm_flags[names.cat.codes.to_numpy()]
