@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, PROFILE_STEPS
+from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, DEFAULT_RANKS, PROFILE_STEPS
 
 
 def _cluster(args: Any, call: MagicCall) -> Any:
@@ -65,10 +65,18 @@ register(
             Argument(
                 "action", choices=CLUSTER_ACTIONS, help="start N | connect ADDRESS | status | restart | stop"
             ),
-            Argument("target", nargs="?", default=None, help="N ranks (start) or host:port (connect)"),
+            Argument(
+                "target",
+                nargs="?",
+                default=None,
+                help=f"N ranks (start; default {DEFAULT_RANKS}) or host:port (connect)",
+            ),
             Argument("--token-file", default=None, help="file holding the cluster's auth token (connect)"),
             Argument(
-                "--ranks", type=int, default=None, help="number of ranks (connect; default: GPUs, or 2)"
+                "--ranks",
+                type=int,
+                default=None,
+                help=f"number of ranks (connect; default: its GPUs, or {DEFAULT_RANKS})",
             ),
             Argument(
                 "--timeout",
