@@ -28,6 +28,7 @@ from nbtoolkit.errors import (
     NbtError,
     NbtUsageError,
     PlanError,
+    RemoteCellError,
     SnapshotError,
     TraceError,
 )
@@ -81,6 +82,7 @@ _EAGER_EXPORTS = [
     "NbtError",
     "NbtUsageError",
     "PlanError",
+    "RemoteCellError",
     "SnapshotError",
     "TraceError",
     "__version__",

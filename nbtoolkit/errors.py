@@ -13,11 +13,14 @@ Messages state the problem (with the offending value or path) and what to do.
     ├── PlanError         no recomputation plan satisfies the request
     ├── MetricsError      FLOPs / MFU cannot be computed for this step
     ├── ClusterError      the cluster or one of its ranks failed
+    │   └── RemoteCellError   a cell failed on ranks: their tracebacks, dead or interrupted ranks
     └── DataError         a real-data artifact failed its pinned checksum (nbt.locate_data)
         └── DataUnavailableError   not in NBT_DATA, ../shared/fixtures or the cache, and not downloadable
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "CaptureError",
@@ -29,6 +32,7 @@ __all__ = [
     "NbtError",
     "NbtUsageError",
     "PlanError",
+    "RemoteCellError",
     "SnapshotError",
     "TraceError",
 ]
@@ -77,6 +81,23 @@ class MetricsError(NbtError):
 
 class ClusterError(NbtError):
     """The cluster, or one of its ranks, failed."""
+
+
+class RemoteCellError(ClusterError):
+    """A cell failed on one or more ranks: a Python exception, a rank that died, or an interrupt.
+
+    Made from the :class:`~nbtoolkit.model.cluster.RemoteRun` of that call (``run``), which
+    must offer ``errors``, ``dead`` and ``failure_text()``. ``errors`` maps rank -> the remote
+    traceback text; ``dead`` maps rank -> why its process is gone. The message shows each
+    failing rank's traceback once (ranks with the same traceback share one block).
+    """
+
+    def __init__(self, run: Any) -> None:
+        # ``run`` is typed loosely: the base layer imports nothing of nbtoolkit (RemoteRun is a model).
+        self.run = run
+        self.errors: dict[int, str] = dict(run.errors)
+        self.dead: dict[int, str] = dict(run.dead)
+        super().__init__(run.failure_text())
 
 
 class DataError(NbtError):

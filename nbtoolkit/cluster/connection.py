@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtoolkit.errors import ClusterError
+from nbtoolkit.errors import ClusterError, NbtUsageError
 
 __all__ = [
     "Attachment",
@@ -34,6 +34,7 @@ __all__ = [
     "connect",
     "detach",
     "probe",
+    "read_token_file",
     "remove_stale_current_cluster_file",
     "resolve_token",
 ]
@@ -105,6 +106,20 @@ def resolve_token(token: str | None) -> str | None:
         if candidate and Path(candidate).is_file():
             return Path(candidate).read_text().strip() or None
     return None
+
+
+def read_token_file(path: str | Path) -> str:
+    """The auth token stored in ``path`` (what ``Cluster.save_token`` or ``ray get-auth-token`` wrote)."""
+    source = Path(path).expanduser()
+    if not source.is_file():
+        raise NbtUsageError(
+            f"token file {str(source)!r} does not exist: on the head node `ray get-auth-token` prints "
+            "the token; save it to a file readable only by you"
+        )
+    token = source.read_text().strip()
+    if not token:
+        raise NbtUsageError(f"token file {str(source)!r} is empty: it should hold the cluster's auth token")
+    return token
 
 
 def remove_stale_current_cluster_file() -> str | None:

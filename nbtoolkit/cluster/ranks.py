@@ -20,10 +20,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nbtoolkit.errors import ClusterError
+from nbtoolkit.model.cluster import RankCallResult, RankFailure  # plain data: re-exported here
 
 __all__ = ["RankCallResult", "RankFailure", "RankGroup", "RankInfo"]
 
@@ -46,26 +47,6 @@ class RankInfo:
     gpu_ids: list[str]
     state: str = "idle"  # idle | busy | dead | broken
     cause: str | None = None  # why it is dead or broken
-
-
-@dataclass
-class RankFailure:
-    """A rank whose actor died (not a Python exception in the cell: the process is gone)."""
-
-    rank: int
-    cause: str
-
-
-@dataclass
-class RankCallResult:
-    """Raw results of one call on several ranks."""
-
-    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> outcome dict
-    dead: list[RankFailure] = field(default_factory=list)
-    stuck: list[int] = field(default_factory=list)  # ranks that did not stop when asked
-    freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
-    regroup_error: str | None = None  # why no new process group could be formed after freeing them
-    interrupted: bool = False
 
 
 def _actor_class() -> Any:

@@ -1,7 +1,8 @@
 """Read CUDA caching-allocator snapshots and torch's memory-timeline exports.
 
 ``load_memory_snapshot(path)`` reads what ``torch.cuda.memory._snapshot()`` /
-``_dump_snapshot()`` wrote, in every format seen in the wild:
+``_dump_snapshot()`` wrote (or takes that dict, or a loaded snapshot, as it is), in every
+format seen in the wild:
 
 * the newest dict format (``segments``, ``device_traces`` with ``time_us``,
   ``compile_context``, ``user_metadata``; ``external_annotations``; ``allocator_settings``),
@@ -104,7 +105,7 @@ def _looks_like_json(data: bytes) -> bool:
     return head[:1] in (b"[", b"{")
 
 
-def _as_snapshot_dict(raw: Any, path: Path) -> dict[str, Any]:
+def _as_snapshot_dict(raw: Any, source: str) -> dict[str, Any]:
     """Normalize the three top-level shapes into one dict with ``segments`` and ``device_traces``."""
     if isinstance(raw, list):  # the legacy bare list of segments
         return {"segments": raw, "device_traces": [], "legacy_segment_list": True}
@@ -115,25 +116,52 @@ def _as_snapshot_dict(raw: Any, path: Path) -> dict[str, Any]:
     kind = type(raw).__name__
     keys = sorted(raw)[:8] if isinstance(raw, dict) else []
     raise SnapshotError(
-        f"{path} holds a {kind}{f' with keys {keys}' if keys else ''}, not a CUDA allocator snapshot "
+        f"{source} holds a {kind}{f' with keys {keys}' if keys else ''}, not a CUDA allocator snapshot "
         "(expected a dict with 'segments' or a list of segments from torch.cuda.memory._snapshot())"
     )
 
 
-def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
-    """Read a CUDA allocator snapshot pickle into a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`.
+def _from_raw(raw: Any, source: str, *, in_memory: bool = False) -> MemorySnapshot:
+    """The snapshot from unpickled data; ``source`` names it in errors (and in the result, from a file)."""
+    from nbtoolkit.model.snapshot import MemorySnapshot
+
+    snapshot = _as_snapshot_dict(raw, source)
+    try:
+        return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SnapshotError(
+            f"{source} looks like an allocator snapshot but a field is missing or malformed "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def load_memory_snapshot(path: str | Path | MemorySnapshot | dict[str, Any] | list[Any]) -> MemorySnapshot:
+    """A CUDA allocator snapshot as a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`, from wherever it is.
 
     Args:
         path: a file written by ``torch.cuda.memory._dump_snapshot()``, a pickle of
             ``torch.cuda.memory._snapshot()`` / ``torch.cuda.memory_snapshot()``, or a
-            folder written by ``MemorySnapshot.save``.
+            folder written by ``MemorySnapshot.save``; or the snapshot itself: the dict
+            ``torch.cuda.memory._snapshot()`` returned (or the legacy list of segments), or
+            a ``MemorySnapshot`` already loaded (returned as it is). So a notebook variable
+            and a file on disk go through the same call (``%nbt snapshot`` takes either).
 
     Raises:
         SnapshotError: the file is missing, corrupt, truncated, not a snapshot, or tries
-            to import or call anything when unpickled (it is then never run).
+            to import or call anything when unpickled (it is then never run); the object
+            is not a snapshot.
     """
     from nbtoolkit.model.snapshot import MemorySnapshot
 
+    if isinstance(path, MemorySnapshot):
+        return path
+    if isinstance(path, (dict, list)):  # what torch.cuda.memory._snapshot() returns, in memory
+        return _from_raw(path, "the snapshot given", in_memory=True)
+    if not isinstance(path, (str, Path)):
+        raise SnapshotError(
+            f"cannot read a memory snapshot from a {type(path).__name__}: pass a file path, the dict "
+            "from torch.cuda.memory._snapshot(), or a MemorySnapshot"
+        )
     source = Path(path).expanduser()
     if source.is_dir() and (source / "snapshot.json").is_file():
         return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
@@ -143,15 +171,7 @@ def load_memory_snapshot(path: str | Path) -> MemorySnapshot:
             f"{source} is JSON, not an allocator snapshot pickle; if it is the profiler's "
             "export_memory_timeline output, read it with nbt.load_memory_timeline(path)"
         )
-    raw = restricted_loads(data, name=str(source))
-    snapshot = _as_snapshot_dict(raw, source)
-    try:
-        return MemorySnapshot.from_dict(snapshot, source=str(source))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise SnapshotError(
-            f"{source} looks like an allocator snapshot but a field is missing or malformed "
-            f"({type(exc).__name__}: {exc})"
-        ) from None
+    return _from_raw(restricted_loads(data, name=str(source)), str(source))
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------

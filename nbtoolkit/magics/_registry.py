@@ -18,20 +18,56 @@ A subcommand module does::
 
 The handler's return value is stored in the user namespace under ``--name``
 (default ``_nbt``; every subcommand gets ``--name``) and displayed, unless it is None.
+A handler calls one public function and returns its result: the magic shows exactly what
+a script calling that function gets. An option's default is the API's own, read from the
+function's signature with :class:`APIDefault` (never a second copy of the number).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import inspect
+import linecache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Argument", "MagicCall", "Subcommand", "all_subcommands", "get_subcommand", "register"]
+__all__ = [
+    "APIDefault",
+    "Argument",
+    "MagicCall",
+    "Subcommand",
+    "all_subcommands",
+    "get_subcommand",
+    "register",
+]
 
 Mode = Literal["line", "cell", "both"]
+
+CELL_FILENAME = "<nbt-cell>"  # the file name a cell's code is compiled under (and known to linecache)
+
+
+@dataclass(frozen=True)
+class APIDefault:
+    """An option's default taken from a public function's signature when the parser is built.
+
+    ``APIDefault("nbtoolkit.capture.profiler", "profile", "steps")`` is ``profile``'s default
+    for ``steps``. Resolved lazily (on ``%nbt help SUB`` or a call), so ``%load_ext`` imports
+    nothing of the API. Write ``(default %(default)s)`` in the help to show it.
+    """
+
+    module: str
+    function: str  # a function, or "Class.method"
+    parameter: str
+
+    def resolve(self) -> Any:
+        target: Any = importlib.import_module(self.module)
+        for part in self.function.split("."):
+            target = getattr(target, part)
+        return inspect.signature(target).parameters[self.parameter].default
 
 
 @dataclass(frozen=True)
@@ -65,10 +101,12 @@ class MagicCall:
             return self.user_ns[name_or_path]
         return Path(name_or_path).expanduser()
 
-    def lookup(self, name: str, what: str = "variable") -> Any:
-        """A user variable that must exist; a clear usage error when it does not."""
+    def lookup(self, name: str | None, what: str = "variable") -> Any:
+        """A user variable that must exist; a clear usage error when it does not. None for no name."""
         from nbtoolkit.errors import NbtUsageError
 
+        if name is None:  # an optional argument left out
+            return None
         if name not in self.user_ns:
             raise NbtUsageError(f"no {what} named {name!r} in the notebook: define it first")
         return self.user_ns[name]
@@ -78,15 +116,17 @@ class MagicCall:
 
         It returns the value of the last expression (like a cell does), so that
         ``%%nbt profile`` can show both the profile and what the cell computed.
-        IPython syntax in the cell (``!cmd``, ``%magic``) is transformed first.
+        IPython syntax in the cell (``!cmd``, ``%magic``) is transformed first. The cell's
+        lines are made known to ``linecache``, so tracebacks and graph breaks in it show source.
         """
         source = self.shell.transform_cell(self.cell or "")
-        tree = ast.parse(source, filename="<nbt-cell>")
+        linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
+        tree = ast.parse(source, filename=CELL_FILENAME)
         last_expr = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last_expr = ast.Expression(tree.body.pop().value)
-        body = compile(tree, "<nbt-cell>", "exec")
-        tail = compile(last_expr, "<nbt-cell>", "eval") if last_expr is not None else None
+        body = compile(tree, CELL_FILENAME, "exec")
+        tail = compile(last_expr, CELL_FILENAME, "eval") if last_expr is not None else None
         user_ns = self.user_ns
 
         def run_cell() -> Any:
@@ -121,7 +161,11 @@ class Subcommand:
             add_help=False,
         )
         for argument in self.arguments:
-            parser.add_argument(*argument.flags, **argument.options)
+            options = {
+                key: value.resolve() if isinstance(value, APIDefault) else value
+                for key, value in argument.options.items()
+            }
+            parser.add_argument(*argument.flags, **options)
         if self.store_result:
             parser.add_argument(
                 "--name",

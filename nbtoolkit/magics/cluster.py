@@ -1,74 +1,41 @@
-"""The cluster magics (`%nbt cluster`, `%%nbt remote`, pull, push, fetch): thin calls of nbt.Cluster."""
+"""The cluster magics (`%nbt cluster`, `%%nbt remote`, pull, push, fetch): one call of the cluster API each.
+
+The defaults come from :mod:`nbtoolkit.model.cluster` (a light module: no Ray), where the
+API reads them too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-
-_ACTIONS = ("start", "connect", "status", "stop", "restart")
+from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, DEFAULT_RANKS, PROFILE_STEPS
 
 
 def _cluster(args: Any, call: MagicCall) -> Any:
-    from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.errors import NbtUsageError
-    from nbtoolkit.views.progress import DelayedProgress
+    from nbtoolkit.cluster.commands import cluster_command
 
-    action, rest = args.action, args.target
-    if action == "start":
-        ranks = int(rest) if rest and rest.isdigit() else (None if rest else 2)
-        if ranks is None:
-            raise NbtUsageError(f"`%nbt cluster start N` takes a number of ranks, got {rest!r}")
-        with DelayedProgress(f"starting a local Ray cluster with {ranks} ranks"):
-            return Cluster.local(ranks=ranks, collective_timeout_s=args.timeout)
-    if action == "connect":
-        if not rest:
-            raise NbtUsageError("`%nbt cluster connect ADDRESS` needs the head's host:port")
-        token = None
-        if args.token_file:
-            from pathlib import Path
-
-            path = Path(args.token_file).expanduser()
-            if not path.is_file():
-                raise NbtUsageError(f"token file {str(path)!r} does not exist")
-            token = path.read_text().strip()
-        with DelayedProgress(f"connecting to {rest} and starting ranks"):
-            return Cluster.connect(rest, token=token, ranks=args.ranks, collective_timeout_s=args.timeout)
-    if rest:
-        raise NbtUsageError(f"`%nbt cluster {action}` takes no argument, got {rest!r}")
-    cluster = Cluster.current()
-    if action == "status":
-        return cluster.status()
-    if action == "restart":
-        with DelayedProgress(f"restarting {cluster.world_size} ranks"):
-            cluster.restart()
-        return cluster.status()
-    cluster.close()  # stop
-    print("cluster stopped")
-    return None
+    return cluster_command(
+        args.action,
+        args.target,
+        token_file=args.token_file,
+        ranks=args.ranks,
+        collective_timeout_s=args.timeout,
+    )
 
 
 def _remote(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.cluster.output import RankPrefixedPrinter
-    from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
-    cluster = Cluster.current()
-    printer = RankPrefixedPrinter()
-    cell = call.cell or ""
-    label = f"running on {args.ranks or 'all'} ranks"
-    try:
-        with DelayedProgress(label, delay_s=CELL_DELAY_S):
-            if args.profile:
-                return cluster.profile(cell, steps=args.steps, ranks=args.ranks, on_output=printer)
-            if args.memory:
-                names = {k: v for k, v in (("model", args.model), ("optimizer", args.optimizer)) if v}
-                return cluster.memory(cell, ranks=args.ranks, on_output=printer, **names)
-            result = cluster.execute(cell, ranks=args.ranks, on_output=printer)
-            result.raise_for_errors()  # inside: the progress line then ends with "stopped"
-    finally:
-        printer.flush()
-    return result if any(v is not None for v in result.values.values()) else None
+    return Cluster.current().run_cell(
+        call.cell or "",
+        ranks=args.ranks,
+        profile=args.profile,
+        steps=args.steps,
+        memory=args.memory,
+        model=args.model,
+        optimizer=args.optimizer,
+    )
 
 
 def _pull(args: Any, call: MagicCall) -> Any:
@@ -80,10 +47,13 @@ def _pull(args: Any, call: MagicCall) -> Any:
 def _push(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.cluster.cluster import Cluster
 
-    cluster = Cluster.current()
-    values = {name: call.lookup(name) for name in args.variables}
-    cluster.push(values, ranks=args.ranks)
-    print(f"pushed {', '.join(values)} to {args.ranks or 'all'} ranks")
+    return Cluster.current().push({name: call.lookup(name) for name in args.variables}, ranks=args.ranks)
+
+
+def _fetch(args: Any, call: MagicCall) -> Any:
+    from nbtoolkit.cluster.cluster import Cluster
+
+    return Cluster.current().fetch(args.pattern, into=args.to, ranks=args.ranks)
 
 
 register(
@@ -92,17 +62,28 @@ register(
         summary="start N local ranks, connect to a Ray cluster, status, restart or stop",
         mode="line",
         arguments=(
-            Argument("action", choices=_ACTIONS, help="start N | connect ADDRESS | status | restart | stop"),
-            Argument("target", nargs="?", default=None, help="N ranks (start) or host:port (connect)"),
+            Argument(
+                "action", choices=CLUSTER_ACTIONS, help="start N | connect ADDRESS | status | restart | stop"
+            ),
+            Argument(
+                "target",
+                nargs="?",
+                default=None,
+                help=f"N ranks (start; default {DEFAULT_RANKS}) or host:port (connect)",
+            ),
             Argument("--token-file", default=None, help="file holding the cluster's auth token (connect)"),
             Argument(
-                "--ranks", type=int, default=None, help="number of ranks (connect; default: GPUs, or 2)"
+                "--ranks",
+                type=int,
+                default=None,
+                help=f"number of ranks (connect; default: its GPUs, or {DEFAULT_RANKS})",
             ),
             Argument(
                 "--timeout",
                 type=float,
-                default=120.0,
-                help="collective timeout in seconds: how long a rank waits for a dead or stuck peer",
+                default=COLLECTIVE_TIMEOUT_S,
+                help="collective timeout in seconds: how long a rank waits for a dead or stuck peer "
+                f"(default {COLLECTIVE_TIMEOUT_S:g})",
             ),
         ),
         handler=_cluster,
@@ -119,7 +100,12 @@ register(
             Argument(
                 "--profile", action="store_true", help="profile the cell on each rank -> multi-rank Trace"
             ),
-            Argument("--steps", type=int, default=3, help="profiled runs of the cell with --profile"),
+            Argument(
+                "--steps",
+                type=int,
+                default=PROFILE_STEPS,
+                help=f"profiled runs of the cell with --profile (default {PROFILE_STEPS})",
+            ),
             Argument("--memory", action="store_true", help="memory timeline of the cell on each rank"),
             Argument("--model", default=None, help="with --memory: the model's variable name on the ranks"),
             Argument("--optimizer", default=None, help="with --memory: the optimizer's variable name"),
@@ -127,16 +113,6 @@ register(
         handler=_remote,
     )
 )
-
-def _fetch(args: Any, call: MagicCall) -> Any:
-    from nbtoolkit.cluster.cluster import Cluster
-
-    paths = Cluster.current().fetch(args.pattern, into=args.to, ranks=args.ranks)
-    size = sum(path.stat().st_size for path in paths)
-    files = f"{len(paths)} file" + ("s" if len(paths) != 1 else "")
-    print(f"fetched {files} ({size / 2**20:,.1f} MiB) into {paths[0].parent}")
-    return paths
-
 
 register(
     Subcommand(

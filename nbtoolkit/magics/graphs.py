@@ -1,27 +1,20 @@
-"""``%%nbt graphs`` and ``%nbt compile-log``: thin magics over capture_graphs and load_compile_log."""
+"""``%%nbt graphs`` and ``%nbt compile-log``: one call of capture_graphs / load_compile_log each."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-
-_CELL_FILENAME = "<nbt-cell>"  # the file name MagicCall.cell_function compiles the cell under
+from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
 def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
-    import linecache
-
     from nbtoolkit.capture.graphs import capture_graphs
     from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
-    # Make the cell's own lines known to linecache, so breaks in the cell show their source.
-    source = call.shell.transform_cell(call.cell or "")
-    linecache.cache[_CELL_FILENAME] = (len(source), None, source.splitlines(True), _CELL_FILENAME)
     with DelayedProgress("compiling the cell and timing its graphs", delay_s=CELL_DELAY_S):
         return capture_graphs(
-            call.cell_function(),
+            call.cell_function(),  # also puts the cell's lines in linecache: breaks show their source
             steps=args.steps,
             eager_baseline=not args.no_eager,
             measure_cost=not args.no_cost,
@@ -42,7 +35,10 @@ register(
         mode="cell",
         arguments=(
             Argument(
-                "--steps", type=int, default=3, help="timed, profiled and eager runs of the cell (default 3)"
+                "--steps",
+                type=int,
+                default=APIDefault("nbtoolkit.capture.graphs", "capture_graphs", "steps"),
+                help="timed, profiled and eager runs of the cell (default %(default)s)",
             ),
             Argument("--no-eager", action="store_true", help="skip the eager baseline runs"),
             Argument(

@@ -1,46 +1,33 @@
-"""``%%nbt memory`` and ``%nbt snapshot``: thin magics over the memory API."""
+"""``%%nbt memory`` and ``%nbt snapshot``: one call of the memory API each.
+
+Each shows what a script calling that function gets: the MemoryTimeline or MemorySnapshot
+and its summary. Their figures are one call away (``_nbt.figure()``) and in ``%nbt report``.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
-
-def _show(figure: Any) -> None:
-    from IPython.display import display
-
-    display(figure)
+# Accepted so that old cells still run: the magics show no figure of their own any more.
+_NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS)
 
 
 def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.capture.memory import memory_timeline
-    from nbtoolkit.views.memory import timeline_figure
     from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
-    model = call.lookup(args.model, "model") if args.model else None
-    optimizer = call.lookup(args.optimizer, "optimizer") if args.optimizer else None
-    runs = f"{args.steps} run" + ("s" if args.steps != 1 else "")
-    with DelayedProgress(f"recording the cell's memory ({runs})", delay_s=CELL_DELAY_S):
-        timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
-    if not args.no_figure:
-        _show(timeline_figure(timeline))
-    return timeline
+    model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
+    with DelayedProgress(f"recording the cell's memory (runs: {args.steps})", delay_s=CELL_DELAY_S):
+        return memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
 
 
 def _snapshot(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.snapshot import load_memory_snapshot
-    from nbtoolkit.model.snapshot import MemorySnapshot
-    from nbtoolkit.views.memory import segment_figure, timeline_figure
 
-    value = call.resolve(args.snapshot)
-    snapshot = value if isinstance(value, MemorySnapshot) else load_memory_snapshot(value)
-    if not args.no_figure:
-        _show(segment_figure(snapshot))
-        if len(snapshot.trace):
-            _show(timeline_figure(snapshot.timeline()))
-    return snapshot
+    return load_memory_snapshot(call.resolve(args.snapshot))
 
 
 register(
@@ -49,10 +36,15 @@ register(
         summary="run the cell and show its memory timeline by category, module and phase",
         mode="cell",
         arguments=(
-            Argument("--steps", type=int, default=1, help="runs of the cell while recording (default 1)"),
+            Argument(
+                "--steps",
+                type=int,
+                default=APIDefault("nbtoolkit.capture.memory", "memory_timeline", "steps"),
+                help="runs of the cell while recording (default %(default)s)",
+            ),
             Argument("--model", default=None, help="the model variable: names modules, counts its tensors"),
             Argument("--optimizer", default=None, help="the optimizer variable: counts its state"),
-            Argument("--no-figure", action="store_true", help="only the summary, no timeline figure"),
+            _NO_FIGURE,
         ),
         handler=_memory,
     )
@@ -61,13 +53,13 @@ register(
 register(
     Subcommand(
         name="snapshot",
-        summary="load a CUDA allocator snapshot (.pickle) and show its segments and timeline",
+        summary="load a CUDA allocator snapshot (.pickle, or a variable) and show its summary",
         mode="line",
         arguments=(
             Argument(
                 "snapshot", help="a snapshot file from torch.cuda.memory._dump_snapshot(), or a variable"
             ),
-            Argument("--no-figure", action="store_true", help="only the summary, no figures"),
+            _NO_FIGURE,
         ),
         handler=_snapshot,
     )

@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
 def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.capture.step_metrics import step_metrics
 
     step = call.lookup(args.step, "step function")
-    model = call.lookup(args.model, "model") if args.model else None
     return step_metrics(
         step,
-        model=model,
+        model=call.lookup(args.model, "model"),
         steps=args.steps,
         warmup=args.warmup,
         tokens_per_step=args.tokens,
@@ -23,6 +22,10 @@ def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
         dtype=args.dtype,
         peak_flops=args.peak_flops,
     )
+
+
+def _default(parameter: str) -> APIDefault:
+    return APIDefault("nbtoolkit.capture.step_metrics", "step_metrics", parameter)
 
 
 register(Subcommand(
@@ -38,8 +41,9 @@ register(Subcommand(
         Argument("step", help="variable holding a zero-argument callable that runs one training step"),
         Argument("--tokens", type=int, default=None, help="tokens one step processes (for tokens/s)"),
         Argument("--samples", type=int, default=None, help="samples one step processes (for samples/s)"),
-        Argument("--steps", type=int, default=3, help="timed steps (default 3)"),
-        Argument("--warmup", type=int, default=1, help="untimed steps first (default 1)"),
+        Argument("--steps", type=int, default=_default("steps"), help="timed steps (default %(default)s)"),
+        Argument("--warmup", type=int, default=_default("warmup"),
+                 help="untimed steps first (default %(default)s)"),
         Argument("--model", default=None, help="variable holding the model (for its parameter count)"),
         Argument("--dtype", default=None, help="dtype whose peak applies, e.g. bfloat16 (default: detected)"),
         Argument("--peak-flops", type=float, default=None, dest="peak_flops",

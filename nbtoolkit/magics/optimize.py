@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 _MODEL = Argument("model", help="the model variable (a torch.nn.Module)")
 _STEP = Argument("step", help="the variable holding a zero-argument training-step function")
+
+
+def _names(text: str) -> list[str]:
+    """``--blocks a, b`` -> ["a", "b"] (argparse applies it while parsing the line)."""
+    return [b.strip() for b in text.split(",") if b.strip()]
+
+
 _BLOCKS = Argument(
-    "--blocks", default=None, help="comma-separated module names to consider (default: repeated blocks)"
+    "--blocks",
+    type=_names,
+    default=None,
+    help="comma-separated module names to consider (default: repeated blocks)",
 )
-
-
-def _blocks(args: argparse.Namespace) -> list[str] | None:
-    return [b.strip() for b in args.blocks.split(",") if b.strip()] if args.blocks else None
 
 
 def _plan(args: argparse.Namespace, call: MagicCall) -> Any:
@@ -23,7 +29,7 @@ def _plan(args: argparse.Namespace, call: MagicCall) -> Any:
 
     return plan_recompute(
         call.lookup(args.model, "model"), call.lookup(args.step, "step function"), args.budget,
-        blocks=_blocks(args),
+        blocks=args.blocks or None,
     )
 
 
@@ -73,7 +79,12 @@ register(
             Argument("--compile", action="store_true", help="apply torch.compile"),
             Argument("--backend", default=None, help="torch.compile backend (default inductor), e.g. eager"),
             Argument("--amp", default=None, choices=["bf16", "fp16"], help="autocast dtype"),
-            Argument("--steps", type=int, default=5, help="timed steps per measurement (default 5)"),
+            Argument(
+                "--steps",
+                type=int,
+                default=APIDefault("nbtoolkit.optimizations.apply", "optimize", "steps"),
+                help="timed steps per measurement (default %(default)s)",
+            ),
             Argument("--run", action="store_true", help="no panel: optimize now and show the comparison"),
         ),
         handler=_optimize,

@@ -1,19 +1,11 @@
-"""``%%nbt profile``, ``%nbt overlap`` and ``%nbt trace``: thin magics over the trace API."""
+"""``%%nbt profile``, ``%nbt overlap`` and ``%nbt trace``: one call of the trace API each."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-
-
-def _as_trace(value: Any) -> Any:
-    """A Trace variable as it is; anything else (a path) through load_trace."""
-    from nbtoolkit.io.kineto import load_trace
-    from nbtoolkit.model.trace import Trace
-
-    return value if isinstance(value, Trace) else load_trace(value)
+from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
 def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
@@ -34,18 +26,26 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.views.trace_views import OverlapView
 
-    return OverlapView.of(_as_trace(call.resolve(args.traces)))
+    # load_trace takes a path or a Trace variable alike.
+    return OverlapView.of(load_trace(call.resolve(args.traces)))
 
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.views.trace_views import TraceReport
 
-    return TraceReport.of(_as_trace(call.resolve(args.traces)))
+    return TraceReport.of(load_trace(call.resolve(args.traces)))
 
 
 _TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
+
+
+def _profile_default(parameter: str) -> APIDefault:
+    return APIDefault("nbtoolkit.capture.profiler", "profile", parameter)
+
 
 register(
     Subcommand(
@@ -53,8 +53,18 @@ register(
         summary="run the cell under torch.profiler (one ProfilerStep per run) and show the Trace",
         mode="cell",
         arguments=(
-            Argument("--steps", type=int, default=3, help="profiled runs of the cell (default 3)"),
-            Argument("--warmup", type=int, default=1, help="unprofiled runs first (default 1)"),
+            Argument(
+                "--steps",
+                type=int,
+                default=_profile_default("steps"),
+                help="profiled runs of the cell (default %(default)s)",
+            ),
+            Argument(
+                "--warmup",
+                type=int,
+                default=_profile_default("warmup"),
+                help="unprofiled runs first (default %(default)s)",
+            ),
             Argument("--memory", action="store_true", help="also record memory allocations (profile_memory)"),
             Argument("--shapes", action="store_true", help="also record input shapes (record_shapes)"),
             Argument("--metrics", action="store_true", help="also count FLOPs: MFU/HFU in the summary"),

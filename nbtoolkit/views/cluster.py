@@ -1,85 +1,34 @@
-"""Views of the cluster: status table, per-rank cell results, the ZeRO sweep chart.
+"""Views of the cluster: the ZeRO sweep chart.
 
-All text that came from the ranks (values, tracebacks, hostnames) is escaped.
-Plotly is imported inside the functions that build figures.
+The status table and per-rank cell results are HTML of the model objects themselves
+(:mod:`nbtoolkit.model.cluster`); ``status_html`` and ``remote_run_html`` stay here for old
+callers. Plotly is imported inside the functions that build figures.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._result import escape
-
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.cluster import ClusterStatus, RemoteRun
+    from nbtoolkit.model.cluster import ClusterStatus, RemoteRun
 
 __all__ = ["remote_run_html", "status_html", "sweep_figure"]
 
-_STATE_COLOURS = {
-    "idle": "#2e7d32",
-    "busy": "#1565c0",
-    "dead": "#c62828",
-    "broken": "#ef6c00",
-    "unresponsive": "#ef6c00",
-}
-
 
 def status_html(status: ClusterStatus) -> str:
-    """The status as a header line and a table with one coloured row per rank."""
-    h = status.header
-    head = (
-        f"<p><b>Cluster</b> at <code>{escape(h['address'])}</code> ({escape(h['origin'])}): "
-        f"{h['world_size']} ranks, backend <code>{escape(h['backend'])}</code>"
-        + (f", master <code>{escape(h['master'])}</code>" if h.get("master") else "")
-        + "</p>"
-    )
-    cols = ["rank", "state", "pid", "ip", "device", "cells run", "busy", "cause"]
-    rows = []
-    for row in status.rows:
-        colour = _STATE_COLOURS.get(row["state"], "#555")
-        busy = f"{row['busy_s']:.1f} s" if row.get("busy_s") else ""
-        cells = [
-            f"<td>{row['rank']}</td>",
-            f"<td style='color:{colour};font-weight:bold'>{escape(row['state'])}</td>",
-            f"<td>{row['pid']}</td>",
-            f"<td>{escape(row['ip'])}</td>",
-            f"<td>{escape(row['device'])}</td>",
-            f"<td style='text-align:right'>{row['cells_run']}</td>",
-            f"<td style='text-align:right'>{busy}</td>",
-            f"<td>{escape(row.get('cause') or '')}</td>",
-        ]
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    table = (
-        "<table class='nbt-table'><thead><tr>"
-        + "".join(f"<th>{c}</th>" for c in cols)
-        + "</tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
-    )
-    return head + table
+    """The status as a header line and a table with one coloured row per rank.
+
+    Kept for old callers: the HTML is the status's own (``ClusterStatus._html``, in the model).
+    """
+    return status._html()
 
 
 def remote_run_html(run: RemoteRun) -> str:
-    """One block per rank: its value (repr), or its error's traceback, or how it died."""
-    blocks = []
-    for rank in run.ranks:
-        if rank in run.dead:
-            body = f"<span style='color:#c62828'>died: {escape(run.dead[rank])}</span>"
-        elif rank in run.errors:
-            body = f"<pre style='color:#c62828;margin:0'>{escape(run.errors[rank])}</pre>"
-        elif run.values.get(rank) is not None:
-            body = f"<pre style='margin:0'>{escape(_repr(run.values[rank]))}</pre>"
-        else:
-            continue
-        blocks.append(
-            f"<div style='display:flex;gap:.5em'><b style='white-space:nowrap'>[rank {rank}]</b>{body}</div>"
-        )
-    return "<div class='nbt-remote'>" + "".join(blocks) + "</div>" if blocks else escape(run._text())
+    """One block per rank: its value, its error's traceback, or how it died.
 
-
-def _repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 2000 else text[:2000] + "…"
+    Kept for old callers: the HTML is the run's own (``RemoteRun._html``, in the model).
+    """
+    return run._html()
 
 
 def sweep_figure(table: Any, *, title: str = "ZeRO configurations") -> Any:

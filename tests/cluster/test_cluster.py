@@ -372,7 +372,10 @@ def test_fetch_brings_back_the_files_ranks_wrote_and_they_load_as_one_trace(
     finally:
         shell.run_line_magic("unload_ext", "nbtoolkit")
     assert [p.name for p in one] == ["rank1-trace_1.json"]
-    assert "fetched 1 file (" in capsys.readouterr().out
+    assert repr(one).startswith("fetched 1 file (") and "rank1-trace_1.json" in repr(one)
+    assert repr(one).replace(str(tmp_path / "m"), "M") == repr(
+        cluster.fetch(f"{written}/trace_{{rank}}.json", into=tmp_path / "api", ranks=1)
+    ).replace(str(tmp_path / "api"), "M")
 
     with pytest.raises(ClusterError, match="no file matches"):
         cluster.fetch(str(tmp_path / "nothing_{rank}.txt"))
@@ -451,6 +454,44 @@ def test_magics_run_cells_stream_output_and_show_errors_once(
 
         status = shell.run_line_magic("nbt", "cluster status")
         assert "rank 0: idle" in repr(status)
+    finally:
+        shell.run_line_magic("unload_ext", "nbtoolkit")
+
+
+def test_magics_show_what_the_cluster_api_gives(cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each cluster magic is one call of the API: same result, same display, same printed lines."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from nbtoolkit.cluster.commands import cluster_command
+
+    def bundle(value: object) -> dict[str, str]:
+        return value._repr_mimebundle_()  # type: ignore[attr-defined]
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbtoolkit")
+    try:
+        status = shell.run_line_magic("nbt", "cluster status")
+        assert bundle(status) == bundle(cluster_command("status")) == bundle(cluster.status())
+
+        capsys.readouterr()
+        from_magic = shell.run_cell_magic("nbt", "remote --ranks 0,1", "print('seen', rank)\nrank * 3")
+        magic_out = capsys.readouterr().out
+        from_api = cluster.run_cell("print('seen', rank)\nrank * 3", ranks="0,1")
+        assert capsys.readouterr().out == magic_out and "[rank 1] seen 1" in magic_out
+        assert bundle(from_magic) == bundle(from_api) and from_api.value_list() == [0, 3]
+        assert shell.run_cell_magic("nbt", "remote", "x3 = 1") is None is cluster.run_cell("x3 = 1")
+
+        shell.user_ns["lr"] = 0.5
+        shell.run_line_magic("nbt", "push lr --ranks 1")
+        magic_out = capsys.readouterr().out
+        cluster.push({"lr": 0.5}, ranks="1")
+        assert capsys.readouterr().out == magic_out == "pushed lr to rank 1\n"
+
+        with pytest.raises(NbtUsageError, match="not both") as magic_error:
+            shell.run_cell_magic("nbt", "remote --profile --memory", "rank")
+        with pytest.raises(NbtUsageError) as api_error:
+            cluster.run_cell("rank", profile=True, memory=True)
+        assert str(magic_error.value) == str(api_error.value)
     finally:
         shell.run_line_magic("unload_ext", "nbtoolkit")
 

@@ -266,3 +266,51 @@ def test_the_message_after_freeing_a_blocked_rank_says_whether_a_new_group_forme
         RankCallResult(outcomes={0: outcome}, freed=[0], regroup_error="port in use", interrupted=True),
     )
     assert "forming a new one failed (port in use): run cluster.restart()" in failed.failure_text()
+
+
+def test_old_import_paths_name_the_moved_classes() -> None:
+    """RemoteRun and ClusterStatus moved to the model, RemoteCellError to errors: old imports still work."""
+    import nbtoolkit as nbt
+    import nbtoolkit.cluster.ranks as ranks
+    import nbtoolkit.model.cluster as model
+    from nbtoolkit import errors
+    from nbtoolkit.views.cluster import remote_run_html, status_html
+
+    assert RemoteRun is model.RemoteRun and ClusterStatus is model.ClusterStatus
+    assert RemoteCellError is errors.RemoteCellError is nbt.RemoteCellError
+    assert issubclass(RemoteCellError, ClusterError) and "RemoteCellError" in nbt.__all__
+    assert ranks.RankCallResult is model.RankCallResult and ranks.RankFailure is model.RankFailure
+    run = RemoteRun([0], RankCallResult(outcomes={0: {"value": "<i>", "error": None}}))
+    assert remote_run_html(run) == run._repr_html_() and "&lt;i&gt;" in remote_run_html(run)
+    status = ClusterStatus(
+        {"address": "a:1", "origin": "connected", "world_size": 1, "backend": "gloo", "master": None}, []
+    )
+    assert status_html(status) == status._repr_html_()
+
+
+def test_fetched_files_are_a_list_of_paths_that_says_what_came_back(tmp_path) -> None:
+    from pathlib import Path
+
+    from nbtoolkit.model.cluster import FetchedFiles
+
+    (tmp_path / "rank1-b.json").write_bytes(b"x" * 3000)
+    (tmp_path / "rank0-a.json").write_bytes(b"y" * 1000)
+    files = FetchedFiles([tmp_path / "rank1-b.json", tmp_path / "rank0-a.json"])
+    assert isinstance(files, list) and all(isinstance(p, Path) for p in files)
+    assert [p.name for p in files] == ["rank0-a.json", "rank1-b.json"]  # sorted
+    assert files.total_bytes == 4000 and files.folder == tmp_path
+    from nbtoolkit.units import format_bytes
+
+    assert repr(files).splitlines()[0] == f"fetched 2 files ({format_bytes(4000)}) into {tmp_path}"
+    assert "rank1-b.json" in files._repr_html_()
+
+
+def test_rank_counts_read_from_a_line_or_given_as_numbers() -> None:
+    from nbtoolkit.cluster.rank_spec import rank_count
+    from nbtoolkit.model.cluster import DEFAULT_RANKS
+
+    assert rank_count(None) == DEFAULT_RANKS
+    assert rank_count("4") == rank_count(4) == 4
+    for bad in ("two", "0", 0, -1, True, 1.5):
+        with pytest.raises(NbtUsageError, match="positive integer"):
+            rank_count(bad)  # type: ignore[arg-type]
