@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+import nbtoolkit as nbt
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.optimizations.apply import config_from_arguments, optimize, settings_from_env
 from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
@@ -15,6 +16,9 @@ from tests.optimize._models import make_gpt
 
 
 def test_configs_are_keyword_only_and_frozen() -> None:
+    assert (nbt.OptimizeConfig, nbt.MeasureConfig, nbt.RecomputeConfig) == (
+        OptimizeConfig, MeasureConfig, RecomputeConfig
+    )
     with pytest.raises(TypeError):
         MeasureConfig(5)  # type: ignore[misc]
     config = OptimizeConfig(recompute=["blocks.0"], budget_bytes="1.5GB")
