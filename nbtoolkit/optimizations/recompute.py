@@ -64,7 +64,7 @@ process on a CPU-only machine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.analysis.recompute import (
@@ -213,7 +213,7 @@ def _verified(
     plan: RecomputePlan,
     budget: int,
     *,
-    tick: Any,
+    tick: Callable[[str], None],
 ) -> RecomputePlan:
     """Step 8: apply the plan, measure its peak; re-plan under a lowered budget while it is over."""
     notes = list(plan.notes)
