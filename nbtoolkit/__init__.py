@@ -42,10 +42,13 @@ _LAZY_EXPORTS: dict[str, str] = {
     "Comparison": "nbtoolkit.model.comparison",
     "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
+    "MeasureConfig": "nbtoolkit.optimizations.config",
     "Measurement": "nbtoolkit.model.comparison",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
     "MemoryTimeline": "nbtoolkit.model.memory",
+    "OptimizeConfig": "nbtoolkit.optimizations.config",
     "RankMemory": "nbtoolkit.model.rank_memory",
+    "RecomputeConfig": "nbtoolkit.optimizations.config",
     "RecomputePlan": "nbtoolkit.model.plan",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
@@ -164,6 +167,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.snapshot import MemorySnapshot
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.optimizations.apply import optimize
+    from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
     from nbtoolkit.optimizations.recompute import plan_recompute
     from nbtoolkit.views.metrics import mfu_chart
     from nbtoolkit.views.optimize import optimize_panel

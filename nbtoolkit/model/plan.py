@@ -10,17 +10,21 @@ a block is *alive* from the end of its forward to the start of its backward; a p
 stretch of the step with one set of alive blocks, and ``phases.baseline_bytes`` is the
 highest live total measured in it. Checkpointing a set S of blocks gives the predicted peak
 
-    peak(S) = max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
+    peak(S) = fixed_bytes
+              + max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
 
 and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``.
+``fixed_bytes`` is memory no checkpointing changes; it is 0 for the plans ``plan_recompute``
+makes today (their budget counts what the step allocates above what was live before it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
@@ -29,9 +33,20 @@ from nbtoolkit.units import format_bytes, format_seconds
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.optimizations._handle import Applied
+__all__ = ["RecomputePlan", "Undoable"]
 
-__all__ = ["RecomputePlan"]
+
+class Undoable(Protocol):
+    """What ``RecomputePlan.apply`` returns (``nbtoolkit.optimizations._handle.Applied``): a
+    handle whose ``undo()`` restores the model, also usable as ``with plan.apply(model): ...``."""
+
+    changes: list[str]
+
+    def undo(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 @dataclass(repr=False)  # the Result mixin's repr (a summary) must win over dataclass's
@@ -43,7 +58,7 @@ class RecomputePlan(Result):
         budget_bytes: the budget the plan was made for (peak step memory, bytes).
         predicted_peak_bytes: peak(blocks) from the memory model above.
         predicted_overhead_s: extra seconds per step: the sum of the chosen blocks' ``recompute_time_s``.
-        baseline_peak_bytes: the measured peak without any checkpointing.
+        baseline_peak_bytes: the measured peak without any checkpointing (plus ``fixed_bytes``).
         baseline_step_time_s: the measured median step time without checkpointing (processor
             time when the model is on the CPU, see ``plan_recompute``).
         candidates: one row per candidate block: ``block``, ``module`` (class),
@@ -57,6 +72,8 @@ class RecomputePlan(Result):
         measured_peak_bytes: the peak measured with the plan applied (None if not verified).
         solver: how the set was chosen.
         notes: what the planner wants you to know (candidates dropped, budget tightened ...).
+        fixed_bytes: bytes added to every predicted peak, which no checkpointing changes (0
+            unless the solver was given some).
     """
 
     blocks: list[str]
@@ -71,6 +88,7 @@ class RecomputePlan(Result):
     measured_peak_bytes: int | None = None
     solver: str = "integer linear program (PuLP + CBC)"
     notes: list[str] = field(default_factory=list)
+    fixed_bytes: int = 0
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
@@ -80,7 +98,7 @@ class RecomputePlan(Result):
         peak = 0
         for baseline, alive in zip(self.phases["baseline_bytes"], self.phases["alive"], strict=True):
             peak = max(peak, int(baseline) - sum(int(saved[b]) for b in alive if b in chosen))
-        return peak
+        return int(self.fixed_bytes) + peak
 
     def predict_overhead(self, blocks: list[str] | tuple[str, ...]) -> float:
         """Predicted extra seconds per step when exactly ``blocks`` are checkpointed."""
@@ -109,7 +127,29 @@ class RecomputePlan(Result):
             "predicted_overhead_s": float(row["predicted_overhead_s"]),
         }
 
-    def apply(self, model: Any) -> Applied:
+    def with_blocks(self, blocks: list[str] | tuple[str, ...]) -> RecomputePlan:
+        """This plan with exactly ``blocks`` chosen instead: same measurements and front, the
+        predicted peak and overhead recomputed from the model above."""
+        from nbtoolkit.errors import NbtUsageError
+
+        known = list(self.candidates["block"])
+        unknown = [b for b in blocks if b not in known]
+        if unknown:
+            raise NbtUsageError(f"{unknown} are not candidates of this plan: choose among {known}")
+        chosen = set(blocks)
+        ordered = [b for b in known if b in chosen]
+        candidates = self.candidates.copy()
+        candidates["chosen"] = [b in chosen for b in known]
+        return dataclasses.replace(
+            self,
+            blocks=ordered,
+            predicted_peak_bytes=self.predict_peak(ordered),
+            predicted_overhead_s=self.predict_overhead(ordered),
+            candidates=candidates,
+            notes=list(self.notes),
+        )
+
+    def apply(self, model: Any) -> Undoable:
         """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
         return provided("RecomputePlan.apply")(model, self.blocks)
 
@@ -189,6 +229,7 @@ class RecomputePlan(Result):
             "measured_peak_bytes": self.measured_peak_bytes,
             "solver": self.solver,
             "notes": list(self.notes),
+            "fixed_bytes": int(self.fixed_bytes),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -220,6 +261,7 @@ class RecomputePlan(Result):
                 measured_peak_bytes=data.get("measured_peak_bytes"),
                 solver=str(data.get("solver", "")),
                 notes=list(data.get("notes", [])),
+                fixed_bytes=int(data.get("fixed_bytes", 0)),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

@@ -9,51 +9,82 @@ measurement, not a change you did not ask to keep. With ``undo=False`` the chang
 applied and ``comparison.applied`` is the handle whose ``undo()`` removes them later.
 Either way the steps ran for real, so the weights have trained for those steps.
 
-Script-level switch: when ``recompute`` is not given, ``NBTOOLKIT_RECOMPUTE=auto`` in the
-environment turns it to ``"auto"``; when ``budget_bytes`` is not given,
-``NBTOOLKIT_MEMORY_BUDGET`` supplies it (bytes, or text like ``1.5GB`` / ``1400MiB``).
-Arguments given in code win over the environment.
+Settings: the keyword arguments, or one ``config=OptimizeConfig(...)``
+(``nbtoolkit.optimizations.config``). Without ``config``, ``OptimizeConfig.from_env`` fills
+what the arguments leave unset from the environment: ``NBTOOLKIT_RECOMPUTE=auto`` turns
+``recompute`` to ``"auto"``, ``NBTOOLKIT_MEMORY_BUDGET`` supplies ``budget_bytes`` (bytes, or
+text like ``1.5GB`` / ``1400MiB``), ``NBTOOLKIT_MEASURE_STEPS``/``NBTOOLKIT_MEASURE_WARMUP``
+the step counts. Arguments given in code win over the environment; a ``config`` is taken
+as it is.
 """
 
 from __future__ import annotations
 
-import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.comparison import Comparison
 from nbtoolkit.optimizations._handle import Applied
-from nbtoolkit.optimizations.amp import AMP_DTYPES, autocast_model
+from nbtoolkit.optimizations.amp import autocast_model
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
-from nbtoolkit.optimizations.compile import compile_model, compile_options
+from nbtoolkit.optimizations.compile import compile_model
+from nbtoolkit.optimizations.config import ENV_BUDGET, ENV_RECOMPUTE, MeasureConfig, OptimizeConfig
 from nbtoolkit.optimizations.measure import Progress, check_step, measure_step
 from nbtoolkit.optimizations.recompute import plan_recompute
-from nbtoolkit.units import format_bytes, parse_bytes
+from nbtoolkit.units import format_bytes
 
-__all__ = ["ENV_BUDGET", "ENV_RECOMPUTE", "optimize", "settings_from_env"]
+__all__ = ["ENV_BUDGET", "ENV_RECOMPUTE", "MeasureConfig", "OptimizeConfig", "optimize", "settings_from_env"]
 
-ENV_RECOMPUTE = "NBTOOLKIT_RECOMPUTE"
-ENV_BUDGET = "NBTOOLKIT_MEMORY_BUDGET"
+#: Step runs the progress bar counts for planning with recompute="auto" (an estimate).
+_PLAN_RUNS = 10
+
+#: optimize()'s keyword arguments that a config= replaces, with their defaults.
+_SETTING_DEFAULTS: dict[str, Any] = {
+    "compile": False,
+    "recompute": None,
+    "budget_bytes": None,
+    "amp": None,
+    "steps": None,
+    "warmup": None,
+    "undo": True,
+    "categories": True,
+    "metrics": True,
+    "tokens_per_step": None,
+}
 
 
 def settings_from_env(recompute: Any, budget_bytes: Any) -> tuple[Any, int | None]:
-    """(recompute, budget) after applying the environment switch to arguments left as None."""
-    if recompute is None:
-        raw = os.environ.get(ENV_RECOMPUTE, "").strip().lower()
-        if raw == "auto":
-            recompute = "auto"
-        elif raw not in {"", "none", "off", "0", "false", "no"}:
-            raise NbtUsageError(
-                f"{ENV_RECOMPUTE}={os.environ[ENV_RECOMPUTE]!r} is not understood: set it to 'auto' "
-                "(plan recomputation under NBTOOLKIT_MEMORY_BUDGET) or 'off'"
-            )
-    budget = None
-    if budget_bytes is not None:
-        budget = parse_bytes(budget_bytes)
-    elif os.environ.get(ENV_BUDGET, "").strip():
-        budget = parse_bytes(os.environ[ENV_BUDGET], what=f"{ENV_BUDGET}")
-    return recompute, budget
+    """Deprecated: use ``OptimizeConfig.from_env(recompute=..., budget_bytes=...)``.
+
+    (recompute, budget) after applying the environment switch to arguments left as None.
+    """
+    warnings.warn(
+        "settings_from_env() is deprecated: use "
+        "nbtoolkit.optimizations.config.OptimizeConfig.from_env(recompute=..., budget_bytes=...)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    config = OptimizeConfig.from_env(recompute=recompute, budget_bytes=budget_bytes)
+    return config.recompute, config.budget_bytes
+
+
+def config_from_arguments(**arguments: Any) -> OptimizeConfig:
+    """The :class:`OptimizeConfig` that :func:`optimize`'s keyword arguments (its defaults for
+    any left out) stand for, the environment filling what they leave unset."""
+    unknown = sorted(set(arguments) - set(_SETTING_DEFAULTS))
+    if unknown:
+        raise NbtUsageError(f"unknown optimize() setting(s) {unknown}: use {sorted(_SETTING_DEFAULTS)}")
+    given = {**_SETTING_DEFAULTS, **arguments}
+    measure = MeasureConfig.from_env(
+        steps=given["steps"], warmup=given["warmup"], categories=given["categories"],
+        metrics=given["metrics"], tokens_per_step=given["tokens_per_step"],
+    )
+    return OptimizeConfig.from_env(
+        compile=given["compile"], recompute=given["recompute"], budget_bytes=given["budget_bytes"],
+        amp=given["amp"], undo=given["undo"], measure=measure,
+    )
 
 
 def optimize(
@@ -64,13 +95,14 @@ def optimize(
     recompute: str | Sequence[str] | None = None,
     budget_bytes: int | float | str | None = None,
     amp: str | None = None,
-    steps: int = 5,
-    warmup: int = 2,
+    steps: int | None = None,
+    warmup: int | None = None,
     undo: bool = True,
     categories: bool = True,
     progress: Progress | None = None,
     metrics: bool = True,
     tokens_per_step: int | None = None,
+    config: OptimizeConfig | None = None,
 ) -> Comparison:
     """Measure ``step``, apply the requested changes to ``model``, measure again; a :class:`Comparison`.
 
@@ -84,13 +116,15 @@ def optimize(
             to checkpoint.
         budget_bytes: peak step memory for ``recompute="auto"`` (bytes or ``"1.5GB"``).
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
-        steps, warmup: timed steps and warm-up steps of each measurement.
+        steps, warmup: timed steps and warm-up steps of each measurement (default 5 and 2).
         undo: restore the model at the end (default); False keeps the changes (``.applied``).
         categories: also measure the peak by torch memory category (one more profiled step each).
         progress: ``progress(done, total, what)`` while measuring.
         metrics: also count each configuration's FLOPs (one more step each) and show model and
             hardware FLOPs, achieved FLOP/s, MFU and HFU (``nbt.step_metrics``) in the table.
         tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
+        config: all of the above but ``progress`` as one
+            :class:`~nbtoolkit.optimizations.config.OptimizeConfig`; then leave them out.
 
     Both measurements start from the same weights: the model's parameters and buffers are
     copied (to the CPU) before the baseline and put back before the second measurement and
@@ -98,37 +132,45 @@ def optimize(
     from identical weights and shows whether the changes alter what the step computes, and the
     model's weights are as they were afterwards. Optimizer state (e.g. Adam's moments) lives in
     the step and is not restored: it has advanced by the measured steps.
-    The environment switch and the order of changes are described in the module docstring.
+    The environment variables and the order of changes are described in the module docstring.
     Bad input raises NbtUsageError (PlanError when no plan fits) and leaves the model as it was.
     """
     module = check_module(model)
     check_step(step)
-    recompute, budget = settings_from_env(recompute, budget_bytes)
-    compile_opts = compile_options(compile)
-    if amp is not None and amp not in AMP_DTYPES:
-        raise NbtUsageError(f"amp must be None, 'bf16' or 'fp16', got {amp!r}")
-    names: list[str] | None = None
-    if recompute is None:
-        pass
-    elif isinstance(recompute, str) and recompute == "auto":
-        if budget is None:
-            raise NbtUsageError(
-                f"recompute='auto' needs a memory budget: pass budget_bytes=... or set {ENV_BUDGET}=1.5GB"
-            )
-    elif isinstance(recompute, str):
-        raise NbtUsageError(f"recompute must be None, 'auto' or a list of module names, got {recompute!r}")
+    arguments = {
+        "compile": compile, "recompute": recompute, "budget_bytes": budget_bytes, "amp": amp,
+        "steps": steps, "warmup": warmup, "undo": undo, "categories": categories, "metrics": metrics,
+        "tokens_per_step": tokens_per_step,
+    }
+    if config is None:
+        config = config_from_arguments(**arguments)
     else:
-        names = list(recompute)
-        resolve_blocks(module, names)  # fail before measuring anything
+        if not isinstance(config, OptimizeConfig):
+            raise NbtUsageError(f"config must be an OptimizeConfig, got {type(config).__name__}")
+        given = [name for name, value in arguments.items() if value != _SETTING_DEFAULTS[name]]
+        if given:
+            raise NbtUsageError(
+                f"{', '.join(given)} given both as argument(s) and in config=: "
+                "set them in OptimizeConfig(...) only"
+            )
+    return _optimize(module, step, config, progress)
 
-    plan_runs = 0
-    if recompute == "auto":
-        plan_runs = 10
-    runs_each = warmup + steps + 1 + (1 if metrics else 0)
+
+def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress | None) -> Comparison:
+    """optimize() once its settings are checked: measure, plan, apply, measure, restore."""
+    names = config.blocks
+    if names is not None:
+        resolve_blocks(module, names)  # fail before measuring anything
+    auto = config.recompute == "auto"
+    budget = config.budget_bytes
+    compile_opts = config.compile_options
+    measure = config.measure
+    plan_runs = _PLAN_RUNS if auto else 0
+    runs_each = measure.warmup + measure.steps + (1 if measure.memory else 0) + (1 if measure.metrics else 0)
     total = runs_each * 2 + plan_runs
     offset = 0
 
-    def staged(what: str) -> Progress | None:
+    def staged() -> Progress | None:
         if progress is None:
             return None
 
@@ -139,16 +181,15 @@ def optimize(
 
     initial_state = _copy_state(module)
     before = measure_step(
-        step, label="before", steps=steps, warmup=warmup, categories=categories,
-        config={"compile": None, "recompute": [], "amp": None}, progress=staged("before"),
-        flops=metrics, tokens_per_step=tokens_per_step,
+        step, label="before", settings=measure, config={"compile": None, "recompute": [], "amp": None},
+        progress=staged(),
     )
     offset += runs_each
     plan = None
     applied = Applied()
     notes: list[str] = []
     try:
-        if recompute == "auto":
+        if auto:
             assert budget is not None
             plan_progress: Progress | None = None
             if progress is not None:
@@ -157,7 +198,7 @@ def optimize(
                 def plan_progress(done: int, of: int, what: str) -> None:
                     report(offset + round(plan_runs * done / max(of, 1)), total, f"plan: {what}")
 
-            plan = plan_recompute(module, step, budget, steps=2, progress=plan_progress)
+            plan = plan_recompute(module, step, budget, config=config.plan, progress=plan_progress)
             names = list(plan.blocks)
             if not names:
                 notes.append(
@@ -167,24 +208,22 @@ def optimize(
         offset += plan_runs
         if names:
             applied.extend(checkpoint_blocks(module, names))
-        if amp is not None:
-            applied.extend(autocast_model(module, amp))
+        if config.amp is not None:
+            applied.extend(autocast_model(module, config.amp))
         if compile_opts is not None:
             applied.extend(compile_model(module, **compile_opts))
         _restore_state(module, initial_state)  # planning ran steps too: start "after" where "before" did
         after = measure_step(
-            step, label="after", steps=steps, warmup=warmup, categories=categories,
-            compiled=compile_opts is not None,
-            config={"compile": compile_opts, "recompute": names or [], "amp": amp},
-            progress=staged("after"),
-            flops=metrics, tokens_per_step=tokens_per_step,
+            step, label="after", settings=measure, compiled=compile_opts is not None,
+            config={"compile": compile_opts, "recompute": names or [], "amp": config.amp},
+            progress=staged(),
         )
     except BaseException:
         applied.undo()
         _restore_state(module, initial_state)
         raise
     _restore_state(module, initial_state)  # measuring must not train the user's model
-    if budget is not None and recompute == "auto" and after.peak_bytes > budget:
+    if budget is not None and auto and after.peak_bytes > budget:
         notes.append(
             f"measured peak {format_bytes(after.peak_bytes)} is over the budget {format_bytes(budget)} "
             "with all changes applied (compile/AMP change memory too)"
@@ -194,7 +233,7 @@ def optimize(
         # one line for the whole set of checkpointed blocks reads better than one per block
         changes = [c for c in changes if not c.startswith("checkpoint ")]
         changes.insert(0, f"checkpoint {len(names)} block(s): {', '.join(names)}")
-    if undo:
+    if config.undo:
         applied.undo()
         handle = None
     else:

@@ -1,5 +1,12 @@
 """Choose which blocks to recompute (activation checkpointing) under a memory budget.
 
+:func:`plan_recompute` is two halves with a plain table between them: the measurement
+(steps 1-4, ``nbtoolkit.optimizations.recompute_measure``, which runs the step) produces a
+:class:`~nbtoolkit.model.recompute_costs.RecomputeCosts`, and the pure solver (steps 5-7,
+``nbtoolkit.analysis.recompute``) turns it and the budget into a
+:class:`~nbtoolkit.model.plan.RecomputePlan`; step 8 checks the plan by running it.
+``solve_plan`` and ``solve_recompute`` are importable from here too.
+
 Algorithm of :func:`plan_recompute`, every number measured on the machine at hand:
 
 1. **Candidates.** The blocks you name, or by default the repeated blocks of the model:
@@ -56,28 +63,47 @@ process on a CPU-only machine.
 
 from __future__ import annotations
 
-import statistics
-import time
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.analysis.recompute import (
+    cheapest_blocks,
+    predict_peak,
+    solve_plan,
+    solve_recompute,
+    tradeoff_front,
+)
 from nbtoolkit.errors import NbtUsageError, PlanError
 from nbtoolkit.model.plan import RecomputePlan
+from nbtoolkit.model.recompute_costs import RecomputeCosts
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
-from nbtoolkit.optimizations.measure import (
-    MemorySeries,
-    Progress,
-    check_step,
-    mark,
-    profile_memory_series,
-    run_step,
-)
+from nbtoolkit.optimizations.config import RecomputeConfig
+from nbtoolkit.optimizations.measure import Progress, check_step, profile_memory_series
+from nbtoolkit.optimizations.recompute_measure import measure_recompute_costs, measurement_runs, phases
 from nbtoolkit.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["find_repeated_blocks", "parse_bytes", "plan_recompute", "solve_plan"]
+__all__ = [
+    "RecomputeConfig",
+    "RecomputeCosts",
+    "find_repeated_blocks",
+    "parse_bytes",
+    "plan_recompute",
+    "solve_plan",
+    "solve_recompute",
+]
+
+# Older names of the solver's helpers (they moved to nbtoolkit.analysis.recompute).
+_predict = predict_peak
+_front = tradeoff_front
+_phases = phases
+
+#: Re-plans after a verified peak came out over the budget (step 8).
+_VERIFY_ATTEMPTS = 3
+
 
 def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
     """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""
@@ -99,179 +125,6 @@ def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
     return best[2] if best else []
 
 
-class _BlockProbe:
-    """Forward hooks on the candidate blocks: forward times and profiler markers.
-
-    Markers: ``fwd_end:i`` when block i's forward returns, ``bwd_start:i`` when the gradient
-    of its output is computed (its backward is about to run). Only the first call of a block
-    per step counts. Module hooks only (never global ones); ``remove()`` takes them all off.
-    """
-
-    def __init__(self, blocks: Sequence[torch.nn.Module]) -> None:
-        self.blocks = list(blocks)
-        self.handles: list[Any] = []
-        self.forward_times: list[list[float]] = [[] for _ in self.blocks]
-        self._start: dict[int, float] = {}
-        self._seen: set[int] = set()
-        self.recording_times = True
-        for index, block in enumerate(self.blocks):
-            self.handles.append(block.register_forward_pre_hook(self._pre(index)))
-            self.handles.append(block.register_forward_hook(self._post(index)))
-
-    def new_step(self) -> None:
-        self._seen.clear()
-        self._start.clear()
-
-    def _pre(self, index: int) -> Callable[..., None]:
-        def hook(module: Any, args: Any) -> None:
-            if index not in self._seen:
-                self._start[index] = time.perf_counter()
-
-        return hook
-
-    def _post(self, index: int) -> Callable[..., None]:
-        import torch
-
-        def hook(module: Any, args: Any, output: Any) -> None:
-            if index in self._seen:
-                return
-            self._seen.add(index)
-            if self.recording_times and index in self._start:
-                self.forward_times[index].append(time.perf_counter() - self._start[index])
-            mark(f"fwd_end:{index}")
-            tensors = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if tensors:
-                fired = [False]
-
-                def on_grad(grad: Any) -> None:
-                    if not fired[0]:
-                        fired[0] = True
-                        mark(f"bwd_start:{index}")
-
-                for t in tensors:
-                    t.register_hook(on_grad)
-
-        return hook
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-
-
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [x for item in value for x in _flatten(item)]
-    if isinstance(value, dict):
-        return [x for item in value.values() for x in _flatten(item)]
-    return [value]
-
-
-def _timed(step: Callable[[], Any], *, cpu: bool) -> float:
-    """Seconds one step takes: processor time (``time.process_time``) if ``cpu``, else wall time."""
-    clock = time.process_time if cpu else time.perf_counter
-    start = clock()
-    run_step(step)
-    return clock() - start
-
-
-def _phases(series: MemorySeries, n: int) -> tuple[list[int], list[frozenset[int]]]:
-    """(P_p, A_p) per phase: the max live total per distinct alive set (step 3)."""
-    windows = []
-    for i in range(n):
-        start = series.marks.get(f"fwd_end:{i}")
-        end = series.marks.get(f"bwd_start:{i}")
-        windows.append((start, end))
-    levels: dict[frozenset[int], int] = {}
-    for t, level in zip(series.times_ns, series.levels, strict=True):
-        alive = frozenset(
-            i for i, (start, end) in enumerate(windows)
-            if start is not None and end is not None and start <= t < end
-        )
-        if level > levels.get(alive, -1):
-            levels[alive] = level
-    order = sorted(levels, key=lambda a: (-levels[a], sorted(a)))
-    return [levels[a] for a in order], order
-
-
-def _predict(levels: list[int], alive: list[frozenset[int]], saved: list[int], chosen: set[int]) -> int:
-    return max(
-        (level - sum(saved[i] for i in a if i in chosen) for level, a in zip(levels, alive, strict=True)),
-        default=0,
-    )
-
-
-def solve_plan(
-    levels: Sequence[int],
-    alive: Sequence[frozenset[int]],
-    saved: Sequence[int],
-    cost: Sequence[float],
-    budget: int,
-) -> set[int] | None:
-    """The cheapest set of blocks whose predicted peak fits ``budget``, by ILP (step 6); None if none fits."""
-    import pulp
-
-    demands = [(level - budget, a) for level, a in zip(levels, alive, strict=True) if level > budget]
-    if not demands:
-        return set()
-    helpful = {i for _, a in demands for i in a if saved[i] > 0}
-    for need, a in demands:  # cheap infeasibility check before calling the solver
-        if sum(saved[i] for i in a if saved[i] > 0) < need:
-            return None
-    problem = pulp.LpProblem("nbtoolkit_recompute", pulp.LpMinimize)
-    x = {i: problem.add_variable(f"x{i}", cat="Binary") for i in sorted(helpful)}
-    # seconds in microseconds and bytes in KiB keep CBC's coefficients well scaled;
-    # the tiny per-block term prefers fewer blocks among equally fast plans.
-    problem += pulp.lpSum((cost[i] * 1e6 + 1e-3) * x[i] for i in x)
-    for k, (need, a) in enumerate(demands):
-        problem += (pulp.lpSum(saved[i] / 1024 * x[i] for i in a if i in x) >= need / 1024, f"phase{k}")
-    status = problem.solve(_cbc())
-    if pulp.LpStatus[status] != "Optimal":
-        return None
-    chosen = {i for i, var in x.items() if (var.value() or 0) > 0.5}
-    # CBC works in floating point: confirm the plan in exact integers, round up if needed.
-    while _predict(list(levels), list(alive), list(saved), chosen) > budget:
-        rest = list(helpful - chosen)
-        if not rest:
-            return None
-        chosen.add(min(rest, key=lambda i: cost[i] / max(saved[i], 1)))
-    return chosen
-
-
-def _cbc() -> Any:
-    """CBC: a system install if there is one, else the binary that ships inside PuLP.
-
-    (PuLP 3 deprecates its PULP_CBC_CMD wrapper in favour of COIN_CMD; pointing COIN_CMD at
-    the bundled binary is the same solver without the deprecation warning.)
-    """
-    import pulp
-    from pulp.apis import coin_api
-
-    system = pulp.COIN_CMD(msg=False)
-    if system.available():
-        return system
-    return pulp.COIN_CMD(msg=False, path=coin_api.pulp_cbc_path)
-
-
-def _front(
-    levels: list[int], alive: list[frozenset[int]], saved: list[int], cost: list[float], *, limit: int = 48
-) -> tuple[list[set[int]], bool]:
-    """The exact Pareto front (step 7): plans from no checkpointing to the lowest peak."""
-    plans: list[set[int]] = [set()]
-    budget = _predict(levels, alive, saved, set()) - 1024
-    truncated = False
-    while budget > 0:
-        if len(plans) >= limit:
-            truncated = True
-            break
-        chosen = solve_plan(levels, alive, saved, cost, budget)
-        if chosen is None:
-            break
-        plans.append(chosen)
-        budget = _predict(levels, alive, saved, chosen) - 1024
-    return plans, truncated
-
-
 def plan_recompute(
     model: Any,
     step: Any,
@@ -281,6 +134,7 @@ def plan_recompute(
     steps: int = 5,
     verify: bool = True,
     progress: Progress | None = None,
+    config: RecomputeConfig | None = None,
 ) -> RecomputePlan:
     """Measure the candidate blocks and choose the cheapest set to checkpoint under ``budget_bytes``.
 
@@ -295,6 +149,7 @@ def plan_recompute(
         steps: timing rounds (each: one plain step and one step per candidate checkpointed).
         verify: apply the chosen plan and measure its real peak (step 8).
         progress: ``progress(done, total, what)`` after each run.
+        config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments.
 
     Raises:
         NbtUsageError: not a module, not a callable step, the step raised, bad block names or budget.
@@ -306,9 +161,8 @@ def plan_recompute(
     module = check_module(model)
     check_step(step)
     budget = None if budget_bytes is None else parse_bytes(budget_bytes)
-    if steps < 1:
-        raise NbtUsageError(f"steps must be >= 1, got {steps}")
-    if blocks is None:
+    config = _config(config, blocks=blocks, steps=steps, verify=verify)
+    if config.blocks is None:
         names = find_repeated_blocks(module)
         if not names:
             raise PlanError(
@@ -316,12 +170,10 @@ def plan_recompute(
                 "under one parent) to choose from: name the modules to consider with blocks=['layer1', ...]"
             )
     else:
-        names = [blocks] if isinstance(blocks, str) else list(blocks)
-        if not names:
-            raise NbtUsageError("blocks is empty: name at least one module, or leave it out")
+        names = list(config.blocks)
     modules = resolve_blocks(module, names)
-    n = len(names)
-    total_runs = 1 + steps * (n + 1) + 1 + n + (1 if verify and budget is not None else 0)
+    verifying = config.verify and budget is not None
+    total_runs = measurement_runs(len(names), config.steps) + (1 if verifying else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -330,178 +182,64 @@ def plan_recompute(
         if progress is not None:
             progress(min(done, total_runs), total_runs, what)
 
-    probe = _BlockProbe(modules)
-    notes: list[str] = []
-    try:
-        probe.recording_times = False
-        run_step(step)  # warm-up: optimizer state, lazy buffers
-        tick("warm-up step")
-        # on the CPU the step's cost is its processor time, which a busy machine does not inflate
-        # (wall time there is mostly waiting for a core); on a GPU it is wall time
-        cpu_clock = all(p.device.type == "cpu" for p in module.parameters())
-        step_times: list[float] = []
-        with_block: list[list[float]] = [[] for _ in range(n)]
-        for _ in range(steps):
-            # one round: a plain step, then one step with each block checkpointed alone;
-            # interleaving lets load from other processes hit every configuration alike
-            probe.recording_times = True
-            probe.new_step()
-            step_times.append(_timed(step, cpu=cpu_clock))
-            probe.recording_times = False
-            tick("timed step")
-            for i in range(n):
-                applied = checkpoint_blocks(module, [names[i]])
-                try:
-                    probe.new_step()
-                    with_block[i].append(_timed(step, cpu=cpu_clock))
-                finally:
-                    applied.undo()
-                tick(f"timed step with {names[i]} checkpointed")
-        # fastest of the rounds: load from other processes only ever adds time, so the
-        # minimum is each configuration's own cost (timeit's reasoning)
-        fastest = min(step_times)
-        cost = [max(0.0, min(times) - fastest) for times in with_block]
-        forward = [min(t) if t else 0.0 for t in probe.forward_times]
-        probe.new_step()
-        baseline, _, _ = profile_memory_series(step)
-        tick("profiled baseline step")
-        levels, alive = _phases(baseline, n)
-        never = [names[i] for i in range(n) if f"fwd_end:{i}" not in baseline.marks]
-        if never:
-            raise NbtUsageError(
-                f"block(s) {', '.join(never)} did not run during the step: name blocks the step uses"
-            )
-        last = max(range(n), key=lambda i: baseline.marks[f"fwd_end:{i}"])
-        reference = baseline.level_at(baseline.marks[f"fwd_end:{last}"])
-        saved = []
-        for i in range(n):
-            applied = checkpoint_blocks(module, [names[i]])
-            try:
-                probe.new_step()
-                series, _, _ = profile_memory_series(step)
-            finally:
-                applied.undo()
-            tick(f"profiled step with {names[i]} checkpointed")
-            end_mark = series.marks.get(f"fwd_end:{last}")
-            saved.append(max(0, reference - series.level_at(end_mark)) if end_mark is not None else 0)
-        no_grad = [names[i] for i in range(n) if f"bwd_start:{i}" not in baseline.marks]
-        if no_grad:
-            notes.append(f"no gradient flows through {', '.join(no_grad)}: checkpointing them saves nothing")
-            saved = [0 if names[i] in no_grad else s for i, s in enumerate(saved)]
-        useless = [names[i] for i in range(n) if saved[i] == 0 and names[i] not in no_grad]
-        if useless:
-            notes.append(f"checkpointing {', '.join(useless)} measured no saving")
-
-        front, truncated = _front(levels, alive, saved, cost)
-        if truncated:
-            notes.append(f"trade-off front cut at {len(front)} plans")
-        baseline_peak = baseline.peak_bytes
-        target = baseline_peak if budget is None else budget
-        chosen = solve_plan(levels, alive, saved, cost, target)
-        if chosen is None:
-            lowest = _predict(levels, alive, saved, {i for i in range(n) if saved[i] > 0})
-            raise PlanError(
-                f"no recomputation plan fits a budget of {format_bytes(target)} ({target:,} bytes): "
-                f"the baseline peak is {format_bytes(baseline_peak)} and checkpointing every candidate "
-                f"still peaks at {format_bytes(lowest)} ({lowest:,} bytes). Raise the budget to at least "
-                "that, or name more/smaller blocks with blocks=[...]"
-            )
-        measured: int | None = None
-        if verify and budget is not None and chosen:
-            for _attempt in range(3):
-                applied = checkpoint_blocks(module, [names[i] for i in sorted(chosen)])
-                try:
-                    probe.new_step()
-                    series, _, _ = profile_memory_series(step)
-                finally:
-                    applied.undo()
-                measured = series.peak_bytes
-                if measured <= budget:
-                    break
-                overshoot = measured - _predict(levels, alive, saved, chosen)
-                notes.append(
-                    f"measured peak {format_bytes(measured)} was over the budget: re-planned with the budget "
-                    f"lowered by {format_bytes(overshoot)}"
-                )
-                tighter = solve_plan(levels, alive, saved, cost, budget - max(overshoot, 1024))
-                if tighter is None or tighter == chosen:
-                    break
-                chosen = tighter
-            tick("profiled step with the plan applied")
-            if measured is not None and measured > budget:
-                lowest_measured = measured
-                raise PlanError(
-                    f"no recomputation plan measured under a budget of {format_bytes(budget)}: the best "
-                    f"measured {format_bytes(lowest_measured)}. Raise the budget or name smaller blocks"
-                )
-    finally:
-        probe.remove()
-
-    return _build_plan(
-        names, modules, saved, cost, forward, levels, alive, front, chosen,
-        budget=target, baseline_peak=baseline_peak, step_time=statistics.median(step_times),
-        measured=measured, notes=notes,
-    )
+    costs = measure_recompute_costs(module, step, names, modules, steps=config.steps, tick=tick)
+    plan = solve_recompute(costs, budget)
+    if verifying and plan.blocks:
+        assert budget is not None
+        plan = _verified(module, step, costs, plan, budget, tick=tick)
+    return plan
 
 
-def _build_plan(  # noqa: PLR0917 - private helper taking the planner's measured arrays
-    names: list[str],
-    modules: list[Any],
-    saved: list[int],
-    cost: list[float],
-    forward: list[float],
-    levels: list[int],
-    alive: list[frozenset[int]],
-    front: list[set[int]],
-    chosen: set[int],
-    *,
+def _config(config: Any, *, blocks: Any, steps: int, verify: bool) -> RecomputeConfig:
+    """The settings: ``config`` when given (then the separate arguments must be left alone)."""
+    if config is None:
+        return RecomputeConfig(blocks=blocks, steps=steps, verify=verify)
+    if not isinstance(config, RecomputeConfig):
+        raise NbtUsageError(f"config must be a RecomputeConfig, got {type(config).__name__}")
+    arguments = (("blocks", blocks, None), ("steps", steps, 5), ("verify", verify, True))
+    given = [name for name, value, default in arguments if value != default]
+    if given:
+        raise NbtUsageError(
+            f"{', '.join(given)} given both as argument(s) and in config=: "
+            "set them in RecomputeConfig(...) only"
+        )
+    return config
+
+
+def _verified(
+    module: torch.nn.Module,
+    step: Any,
+    costs: RecomputeCosts,
+    plan: RecomputePlan,
     budget: int,
-    baseline_peak: int,
-    step_time: float,
-    measured: int | None,
-    notes: list[str],
+    *,
+    tick: Callable[[str], None],
 ) -> RecomputePlan:
-    import pandas as pd
-
-    candidates = pd.DataFrame(
-        {
-            "block": names,
-            "module": [type(m).__name__ for m in modules],
-            "saved_bytes": [int(s) for s in saved],
-            "recompute_time_s": [float(c) for c in cost],
-            "forward_time_s": [float(f) for f in forward],
-            "chosen": [i in chosen for i in range(len(names))],
-        }
-    )
-    rows = [
-        {
-            "predicted_peak_bytes": _predict(levels, alive, saved, plan),
-            "predicted_overhead_s": float(sum(cost[i] for i in plan)),
-            "n_blocks": len(plan),
-            "blocks": ",".join(names[i] for i in sorted(plan)),
-        }
-        for plan in front
-    ]
-    tradeoff = pd.DataFrame(
-        rows, columns=["predicted_peak_bytes", "predicted_overhead_s", "n_blocks", "blocks"]
-    )
-    phases = pd.DataFrame(
-        {
-            "phase": list(range(len(levels))),
-            "baseline_bytes": [int(v) for v in levels],
-            "alive": [tuple(names[i] for i in sorted(a)) for a in alive],
-        }
-    )
-    return RecomputePlan(
-        blocks=[names[i] for i in sorted(chosen)],
-        budget_bytes=int(budget),
-        predicted_peak_bytes=_predict(levels, alive, saved, chosen),
-        predicted_overhead_s=float(sum(cost[i] for i in chosen)),
-        baseline_peak_bytes=int(baseline_peak),
-        baseline_step_time_s=float(step_time),
-        candidates=candidates,
-        tradeoff=tradeoff,
-        phases=phases,
-        measured_peak_bytes=measured,
-        notes=notes,
-    )
+    """Step 8: apply the plan, measure its peak; re-plan under a lowered budget while it is over."""
+    notes = list(plan.notes)
+    measured = 0
+    for _attempt in range(_VERIFY_ATTEMPTS):
+        applied = checkpoint_blocks(module, plan.blocks)
+        try:
+            series, _, _ = profile_memory_series(step)
+        finally:
+            applied.undo()
+        measured = series.peak_bytes
+        if measured <= budget:
+            break
+        overshoot = measured - plan.predicted_peak_bytes
+        notes.append(
+            f"measured peak {format_bytes(measured)} was over the budget: re-planned with the budget "
+            f"lowered by {format_bytes(overshoot)}"
+        )
+        tighter = cheapest_blocks(costs, budget - max(overshoot, 1024))
+        if tighter is None or set(tighter) == set(plan.blocks):
+            break
+        plan = plan.with_blocks(tighter)
+    tick("profiled step with the plan applied")
+    if measured > budget:
+        raise PlanError(
+            f"no recomputation plan measured under a budget of {format_bytes(budget)}: the best "
+            f"measured {format_bytes(measured)}. Raise the budget or name smaller blocks"
+        )
+    return dataclasses.replace(plan, measured_peak_bytes=measured, notes=notes)
