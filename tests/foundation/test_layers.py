@@ -46,18 +46,6 @@ ALLOWED: dict[str, set[str]] = {
 }
 MAX_LINES = 520  # "about 500": a module past this holds more than one job; split it by job
 
-# Known breaches being removed (issue 21); empty once the layering work has landed.
-PENDING = {
-    "nbtoolkit/model/plan.py", "nbtoolkit/views/cluster.py",
-    "lines:nbtoolkit/capture/memory.py", "lines:nbtoolkit/cluster/cluster.py",
-}
-
-
-def _pending(key: str) -> None:
-    if key in PENDING:
-        pytest.xfail(f"known breach being removed: {key}")
-
-
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -136,8 +124,6 @@ def _upward_imports(path: Path, module: str) -> str | None:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_no_upward_import(path: Path) -> None:
     problem = _upward_imports(path, _module_name(path))
-    if problem:
-        _pending(str(path.relative_to(PACKAGE.parent)))
     assert problem is None, problem
 
 
@@ -172,15 +158,12 @@ def test_no_import_cycle_between_modules() -> None:
 
     for start in sorted(graph):
         if start not in state and (cycle := visit(start)):
-            _pending("cycle")
             pytest.fail("import cycle: " + " -> ".join(cycle))
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_module_holds_one_job(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    if lines > MAX_LINES:
-        _pending(f"lines:{path.relative_to(PACKAGE.parent)}")
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE.parent)} has {lines} lines: split it by job"
 
 

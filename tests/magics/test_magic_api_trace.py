@@ -36,7 +36,6 @@ def test_trace_and_overlap_magics_on_a_file_show_the_api_views(
     assert_same_display(shell.run_line_magic("nbt", f"overlap {trace_file}"), OverlapView.of(trace))
 
 
-@pytest.mark.xfail(strict=False, reason="needs load_trace(Trace) from branch wt-capture")
 def test_trace_magic_on_a_trace_variable_goes_through_load_trace(
     shell: InteractiveShell, trace_file: Path, assert_same_display: Callable[..., None]
 ) -> None:

@@ -110,7 +110,6 @@ def test_magic_overlap_from_a_path(shell, real_data):
     assert list(result.table["overlap_pct"].round(2)) == [11.81, 20.05]
 
 
-@pytest.mark.xfail(strict=False, reason="needs load_trace(Trace) from branch wt-capture")
 def test_magic_trace_from_a_variable(shell, two_ranks):
     shell.user_ns["tr"] = two_ranks
     result = shell.run_line_magic("nbt", "trace tr")
@@ -125,7 +124,6 @@ def test_magic_on_a_missing_path_is_one_trace_error(shell):
     assert "no such file or folder" in str(result.error_in_exec)
 
 
-@pytest.mark.xfail(strict=False, reason="needs load_trace(Trace) from branch wt-capture")
 def test_profiled_cell_feeds_the_same_views(shell):
     import torch
 
