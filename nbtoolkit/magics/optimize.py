@@ -82,7 +82,7 @@ register(
             Argument(
                 "--steps",
                 type=int,
-                default=APIDefault("nbtoolkit.optimizations.apply", "optimize", "steps"),
+                default=APIDefault("nbtoolkit.optimizations.config", "MeasureConfig", "steps"),
                 help="timed steps per measurement (default %(default)s)",
             ),
             Argument("--run", action="store_true", help="no panel: optimize now and show the comparison"),
