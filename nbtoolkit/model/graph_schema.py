@@ -18,17 +18,25 @@ __all__ = [
     "RECOMPILE_COLUMNS",
 ]
 
-GRAPH_COLUMNS = {
-    "graph": "int64",
+# Which compile a row belongs to (torch's compile id and its parts), and where the compiled code is.
+_COMPILE_KEY = {
     "rank": "Int64",
     "compile_id": "object",
     "frame_id": "Int64",
     "frame_compile_id": "Int64",
+}
+_ATTEMPT_AND_CODE = {
     "attempt": "Int64",
     "function": "object",
     "file": "object",
     "line": "Int64",
     "op_count": "Int64",
+}
+
+GRAPH_COLUMNS = {
+    "graph": "int64",
+    **_COMPILE_KEY,
+    **_ATTEMPT_AND_CODE,
     "node_count": "Int64",
     "compile_time_s": "float64",
     "backend_compile_time_s": "float64",
@@ -36,10 +44,7 @@ GRAPH_COLUMNS = {
 }
 BREAK_COLUMNS = {
     "break": "int64",
-    "rank": "Int64",
-    "compile_id": "object",
-    "frame_id": "Int64",
-    "frame_compile_id": "Int64",
+    **_COMPILE_KEY,
     "attempt": "Int64",
     "gb_type": "object",
     "gb_id": "object",
@@ -54,10 +59,7 @@ BREAK_COLUMNS = {
     "doc_url": "object",
 }
 RECOMPILE_COLUMNS = {
-    "rank": "Int64",
-    "compile_id": "object",
-    "frame_id": "Int64",
-    "frame_compile_id": "Int64",
+    **_COMPILE_KEY,
     "function": "object",
     "file": "object",
     "previous_compile_id": "object",
@@ -72,15 +74,8 @@ FAILURE_COLUMNS = {
     "source": "object",
 }
 COMPILE_COLUMNS = {
-    "rank": "Int64",
-    "compile_id": "object",
-    "frame_id": "Int64",
-    "frame_compile_id": "Int64",
-    "attempt": "Int64",
-    "function": "object",
-    "file": "object",
-    "line": "Int64",
-    "op_count": "Int64",
+    **_COMPILE_KEY,
+    **_ATTEMPT_AND_CODE,
     "compile_time_s": "float64",
     "status": "object",
     "fail_type": "object",
