@@ -82,6 +82,19 @@ def cluster() -> Iterator[object]:
     assert not _no_ray_processes_left(), "raylet/gcs processes left after close()"
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in this process, however the suite was started.
+
+    A shell starts a background job (``make test &``) with SIGINT ignored, and Python then
+    leaves it ignored: ``_thread.interrupt_main`` does nothing and an interrupt test waits
+    forever. A kernel always has the default handler; give the test the same.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_started_cluster_has_two_gloo_ranks_with_token_auth(cluster) -> None:
     assert cluster.world_size == 2 and cluster.backend == "gloo"
     assert cluster.token and len(cluster.token) >= 32
@@ -169,7 +182,7 @@ def test_push_and_pull_variables(cluster) -> None:
         cluster.run("1", ranks="5")
 
 
-def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster) -> None:
+def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster, ctrl_c_raises) -> None:
     import _thread
 
     from nbtoolkit.cluster.cluster import RemoteCellError
@@ -187,7 +200,7 @@ def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster) -> None:
     assert cluster.run("rank") == [0, 1]  # both ranks took new work at once
 
 
-def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(cluster) -> None:
+def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(cluster, ctrl_c_raises) -> None:
     """Rank 0 waits in all_reduce for rank 1, which loops in Python: the interrupt stops rank 1
     at once but cannot reach rank 0 inside the collective. Closing the group on rank 1 ends
     rank 0's wait; a new group is formed and both ranks keep their variables."""
@@ -290,7 +303,7 @@ for i in range(2):
 
 
 def test_memory_timelines_of_every_rank_after_an_interrupt_with_output_streaming(
-    cluster, capsys: pytest.CaptureFixture[str]
+    cluster, ctrl_c_raises, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The magic's path: output streams while each rank records its timeline with stacks.
 
