@@ -153,7 +153,9 @@ def run_notebook_in_browser(
             ).count()
             report.widgets = page.locator(".jp-OutputArea-output .jupyter-widgets").count()
             report.nbt_outputs = page.locator(".jp-OutputArea-output .nbt-table").count()
-            report.output_text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            # textContent, not innerText: JupyterLab hides cells scrolled out of view (windowed
+            # notebook), and a hidden element's innerText is empty although its output is there.
+            report.output_text = "\n".join(page.locator(".jp-OutputArea-output").all_text_contents())
             stderr = page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']")
             report.error_outputs = [
                 text for text in (stderr.nth(i).inner_text() for i in range(stderr.count()))
