@@ -224,14 +224,11 @@ def test_a_memory_timeline_runs_on_a_rank_thread_after_cells_and_an_interrupt(tm
     on CPython 3.11 leaves the interpreter's "async exception pending" flag up for good; torch's
     Python tracer (memory timelines use with_stack=True) then spun forever at a function entry.
     Run in a subprocess: a hang cannot be recovered in this one."""
-    import subprocess
+    from tests._python import run_python
 
     script = tmp_path / "cells.py"
     script.write_text(_CELLS_THEN_MEMORY)
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=90, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(str(script), timeout=90)
     last = done.stdout.strip().splitlines()[-1]
     assert last == "[(2, []), (None, ['KeyboardInterrupt: the cell was interrupted']), (True, [])]"
 

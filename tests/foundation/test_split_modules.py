@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import subprocess
-import sys
 
 import pytest
+
+from tests._python import run_python
 
 # old module -> {name: new module that now defines it}
 MOVED = {
@@ -76,7 +76,4 @@ def test_old_all_lists_only_names_the_module_has(old: str) -> None:
 def test_each_new_module_imports_first_in_a_fresh_interpreter() -> None:
     # A fresh process per module: in this one, earlier tests have imported everything already.
     for module in NEW_MODULES:
-        done = subprocess.run(
-            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 0, f"import {module} failed:\n{done.stderr}"
+        run_python("-c", f"import {module}")

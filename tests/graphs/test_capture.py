@@ -405,24 +405,13 @@ def run():
 def test_live_capture_and_torch_trace_log_give_the_same_report(tmp_path: Any) -> None:
     """One parser for both: the same code captured live and written by TORCH_TRACE in a subprocess."""
     import importlib.util
-    import os
-    import subprocess
-    import sys
+
+    from tests._python import run_module_function
 
     module_path = tmp_path / "live_vs_log.py"
     module_path.write_text(LIVE_VS_LOG_MODULE)
     log_dir = tmp_path / "trace"
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('live_vs_log', {str(module_path)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.run()\n"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "TORCH_TRACE": str(log_dir)},
-        check=True,
-        capture_output=True,
-    )
+    run_module_function(module_path, env={"TORCH_TRACE": str(log_dir)})
     from_log = nbt.load_compile_log(log_dir)
 
     spec = importlib.util.spec_from_file_location("live_vs_log", module_path)

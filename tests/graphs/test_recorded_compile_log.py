@@ -11,11 +11,8 @@ the last), once per input shape.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +26,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import nbtoolkit as nbt
 from nbtoolkit.model.graphs import GraphReport
 from nbtoolkit.views.graphs import compile_time_chart, graph_break_explorer, graph_code_view
+from tests._python import run_module_function
 
 from ._same_report import assert_same_report
 
@@ -84,22 +82,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     module_path = folder / "compiled_step.py"
     module_path.write_text(COMPILED_MODULE)
     log_dir = folder / "torch_trace"
-    code = (
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('compiled_step', {str(module_path)!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        "module.run()\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "TORCH_TRACE": str(log_dir), "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_module_function(module_path, env={"TORCH_TRACE": str(log_dir), "OMP_NUM_THREADS": "1"})
     return module_path, log_dir
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._python import run_python
+
 # The rank of the 2-rank run that sleeps inside every step, and for how long. Long against the
 # step's own work (a few ms on one CPU thread), so the straggler stands out on a loaded machine.
 STRAGGLER_RANK = 1
@@ -94,8 +96,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# gloo on loopback only; one thread per process so two ranks share two cores fairly.
+_GLOO_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+
+
 def _subprocess_env() -> dict[str, str]:
-    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    return {**os.environ, **_GLOO_ENV}
 
 
 @pytest.fixture(scope="session")
@@ -104,15 +110,7 @@ def cpu_trace_recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     folder = tmp_path_factory.mktemp("cpu_trace")
     trace_file = folder / "train_step.json"  # no rank in the name: load_trace notes rank 0
     saved = folder / "profiled"
-    done = subprocess.run(
-        [sys.executable, "-c", CPU_STEP_SCRIPT, str(trace_file), str(saved)],
-        env=_subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run_python("-c", CPU_STEP_SCRIPT, str(trace_file), str(saved), env=_GLOO_ENV)
     return trace_file, saved
 
 
