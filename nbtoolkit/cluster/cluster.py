@@ -61,14 +61,21 @@ class Cluster(ClusterTransfer, Result):
         gpus: bool | None,
         collective_timeout_s: float,
         start_timeout_s: float,
+        strategy: str = "pack",
+        name: str | None = None,
     ) -> None:
         self._attachment: Attachment | None = attachment
         self._world_size = world_size
         self._gpus = gpus
         self.collective_timeout_s = collective_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.strategy = strategy
+        self.name = name
+        #: True when ``connect(name=...)`` found the ranks a previous kernel left running.
+        self.reattached = False
         self._group: RankGroup | None = None
-        self._start_ranks()
+        if name is None or not self._reattach(name):
+            self._start_ranks()
         global _current
         _current = self
 
@@ -92,6 +99,7 @@ class Cluster(ClusterTransfer, Result):
         collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
         object_store_mb: int = OBJECT_STORE_MB,
+        strategy: str = "pack",
     ) -> Cluster:
         """Start a local Ray cluster (or use the one this process is attached to) with ``ranks`` ranks.
 
@@ -99,11 +107,14 @@ class Cluster(ClusterTransfer, Result):
         authentication with a random token (``cluster.token``). ``gpus=None`` uses one GPU
         per rank when the machine has enough of them (NCCL), else CPUs (gloo).
         ``collective_timeout_s`` bounds how long a rank waits for a peer in a collective.
-        ``ranks`` may be given as text (``"4"``, as a magic line has it).
+        ``ranks`` may be given as text (``"4"``, as a magic line has it). ``strategy``
+        places the ranks (see :meth:`connect`).
         """
         from nbtoolkit.cluster.connection import attach_local
+        from nbtoolkit.cluster.placement import parse_strategy
 
         world_size = rank_count(ranks)
+        parse_strategy(strategy)
         num_gpus = None if gpus is None else (world_size if gpus else 0)
         attachment = attach_local(
             num_cpus=world_size, num_gpus=num_gpus, object_store_bytes=object_store_mb * 1024 * 1024
@@ -114,6 +125,7 @@ class Cluster(ClusterTransfer, Result):
             gpus=gpus,
             collective_timeout_s=collective_timeout_s,
             start_timeout_s=start_timeout_s,
+            strategy=strategy,
         )
 
     @classmethod
@@ -127,32 +139,58 @@ class Cluster(ClusterTransfer, Result):
         gpus: bool | None = None,
         collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
+        strategy: str = "pack",
+        name: str | None = None,
     ) -> Cluster:
-        """Attach to the Ray cluster at ``address`` (``host:port``) and start ranks on it.
+        """Attach to the Ray cluster at ``address`` and start ranks on it.
+
+        ``address`` is either
+        - ``ray://HEAD:10001``, the head's Ray Client server, from a notebook outside the
+          cluster (only that port must be reachable); or
+        - ``HEAD:6379``, the head's GCS, from a kernel on one of the cluster's nodes.
 
         ``token`` is the cluster's auth token, or ``token_file`` a file holding it (what
         :meth:`save_token` writes); else RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
         ~/.ray/auth_token. A wrong or missing token fails within seconds with
-        "authentication failed". ``ranks`` defaults to the cluster's GPU count, else
-        ``DEFAULT_RANKS`` (2).
+        "authentication failed"; an address where nothing answers within 5 s.
+
+        ``ranks`` defaults to one per GPU of the cluster, else one per CPU. They are placed
+        by a placement group with ``strategy`` ``"pack"`` (few nodes) or ``"spread"`` (many
+        nodes), or their ``strict_`` forms. With ``name``, the ranks outlive this kernel:
+        connecting again with the same name (after a kernel restart) re-attaches to them,
+        their namespaces intact (``cluster.reattached``); when none are left, new ones start.
         """
         from nbtoolkit.cluster.connection import cluster_resources, connect, read_token_file
+        from nbtoolkit.cluster.placement import parse_strategy
 
-        if not isinstance(address, str) or ":" not in address:
-            raise NbtUsageError(f"address must be 'host:port' of the Ray head (GCS), got {address!r}")
+        if not isinstance(address, str) or ":" not in address.removeprefix("ray://"):
+            raise NbtUsageError(
+                "address must be 'ray://HEAD:10001' (Ray Client, from outside the cluster) or "
+                f"'HEAD:6379' (the head's GCS, from a cluster node), got {address!r}"
+            )
         if token is not None and token_file is not None:
             raise NbtUsageError("give the cluster's token or a token file, not both")
+        if name is not None and not (isinstance(name, str) and name.replace("-", "_").isidentifier()):
+            raise NbtUsageError(f"name must be letters, digits, '-' or '_', got {name!r}")
+        parse_strategy(strategy)
         if token_file is not None:
             token = read_token_file(token_file)
-        attachment = connect(address.removeprefix("ray://"), token)
+        attachment = connect(address, token)
+
+        def default_ranks() -> int:
+            if ranks is not None:
+                return rank_count(ranks)
+            resources = cluster_resources()
+            return rank_count(int(resources.get("GPU", 0)) or int(resources.get("CPU", 0)) or None)
+
         return cls._ranks_on(
             attachment,
-            lambda: rank_count(
-                ranks if ranks is not None else int(cluster_resources().get("GPU", 0)) or None
-            ),
+            default_ranks,
             gpus=gpus,
             collective_timeout_s=collective_timeout_s,
             start_timeout_s=start_timeout_s,
+            strategy=strategy,
+            name=name,
         )
 
     @classmethod
@@ -178,7 +216,26 @@ class Cluster(ClusterTransfer, Result):
             use_gpus=bool(use_gpus),
             collective_timeout_s=self.collective_timeout_s,
             start_timeout_s=self.start_timeout_s,
+            strategy=self.strategy,
+            name=self.name,
         )
+
+    def _reattach(self, name: str) -> bool:
+        """Take over the ranks named ``name`` if they are running; say so either way."""
+        from nbtoolkit.cluster.placement import find_named_ranks
+        from nbtoolkit.cluster.ranks import RankGroup
+
+        found = find_named_ranks(name)
+        if found is None:
+            print(f"no ranks named {name!r} are running on this cluster: starting {self._world_size} new")
+            return False
+        actors, placement = found
+        self._group = RankGroup.attach(actors, placement, start_timeout_s=self.start_timeout_s)
+        self._world_size = self._group.world_size
+        self.collective_timeout_s = self._group.collective_timeout_s or self.collective_timeout_s
+        self.reattached = True
+        print(f"re-attached to the {self._world_size} ranks named {name!r} (their namespaces are kept)")
+        return True
 
     # ---- properties ----
     @property
@@ -242,6 +299,7 @@ class Cluster(ClusterTransfer, Result):
             "world_size": self._world_size,
             "backend": self._group.backend if self._group else "-",
             "master": self._group.master if self._group and hasattr(self._group, "master") else None,
+            "nodes": len({info.ip for info in self._group.ranks}) if self._group else 0,
         }
         rows = []
         if self._group is not None:
@@ -257,6 +315,7 @@ class Cluster(ClusterTransfer, Result):
                         "rank": info.rank,
                         "state": state,
                         "pid": info.pid,
+                        "node": info.host,
                         "ip": info.ip,
                         "device": live.get("device")
                         or (f"cuda:{info.gpu_ids[0]}" if info.gpu_ids else "cpu"),

@@ -27,13 +27,17 @@ def cluster_command(
     token_file: str | Path | None = None,
     ranks: int | None = None,
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    strategy: str = "pack",
+    name: str | None = None,
 ) -> Cluster | ClusterStatus | None:
     """Start, connect to, inspect, restart or stop the notebook's cluster.
 
     - ``start [N]``: a local Ray cluster with N ranks (``target``, or ``ranks``; default 2);
       returns the :class:`Cluster`.
-    - ``connect ADDRESS``: attach to ``host:port`` and start ``ranks`` ranks (default: its
-      GPUs, or 2); ``token_file`` holds the cluster's token. Returns the :class:`Cluster`.
+    - ``connect ADDRESS``: attach to ``ray://HEAD:10001`` (from outside the cluster) or
+      ``HEAD:6379`` (from a node) and start ``ranks`` ranks (default: one per GPU, else per
+      CPU) placed by ``strategy``; ``token_file`` holds the cluster's token; ``name`` keeps
+      the ranks across kernel restarts (see :meth:`Cluster.connect`). Returns the :class:`Cluster`.
     - ``status``: the current cluster's :class:`ClusterStatus`, asked of the ranks live.
     - ``restart``: fresh ranks on the current cluster; returns its status.
     - ``stop``: stop the ranks (and the Ray cluster, if this process started it); prints
@@ -46,13 +50,18 @@ def cluster_command(
     if action == "start":
         count = rank_count(target if target is not None else ranks)
         with DelayedProgress(f"starting a local Ray cluster with {count} ranks"):
-            return Cluster.local(ranks=count, collective_timeout_s=collective_timeout_s)
+            return Cluster.local(ranks=count, collective_timeout_s=collective_timeout_s, strategy=strategy)
     if action == "connect":
         if not target:
             raise NbtUsageError("`cluster connect ADDRESS` needs the head's host:port")
         with DelayedProgress(f"connecting to {target} and starting ranks"):
             return Cluster.connect(
-                target, token_file=token_file, ranks=ranks, collective_timeout_s=collective_timeout_s
+                target,
+                token_file=token_file,
+                ranks=ranks,
+                collective_timeout_s=collective_timeout_s,
+                strategy=strategy,
+                name=name,
             )
     if target:
         raise NbtUsageError(f"`cluster {action}` takes no argument, got {target!r}")

@@ -34,12 +34,15 @@ __all__ = [
     "connect",
     "detach",
     "probe",
+    "probe_client",
     "read_token_file",
     "remove_stale_current_cluster_file",
     "resolve_token",
 ]
 
 _PROBE_TIMEOUT_S = 5.0
+#: The Ray namespace of the rank actors of connected clusters (named ranks are found there).
+RANK_NAMESPACE = "nbtoolkit"
 _START_ATTEMPTS = 2
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -80,13 +83,7 @@ def probe(address: str, token: str | None, *, timeout_s: float = _PROBE_TIMEOUT_
     except grpc.RpcError as exc:
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            given = "no token was given" if not token else "the token given was rejected"
-            raise ClusterError(
-                f"authentication failed for the Ray cluster at {address}: {given}. Pass the "
-                "cluster's token (Cluster.connect(address, token=...) or "
-                "`%nbt cluster connect ADDRESS --token-file FILE`); on the head node "
-                "`ray get-auth-token` prints it."
-            ) from None
+            raise ClusterError(_auth_failure(address, token)) from None
         raise ClusterError(
             f"no Ray cluster answers at {address} ({code.name}: {exc.details()}). Check the "
             "address (host:port of the head node's GCS, default port 6379) and that the "
@@ -94,6 +91,16 @@ def probe(address: str, token: str | None, *, timeout_s: float = _PROBE_TIMEOUT_
         ) from None
     finally:
         channel.close()
+
+
+def _auth_failure(address: str, token: str | None) -> str:
+    given = "no token was given" if not token else "the token given was rejected"
+    return (
+        f"authentication failed for the Ray cluster at {address}: {given}. Pass the "
+        "cluster's token (Cluster.connect(address, token=...) or "
+        "`%nbt cluster connect ADDRESS --token-file FILE`); on the head node "
+        "`ray get-auth-token` prints it."
+    )
 
 
 def resolve_token(token: str | None) -> str | None:
@@ -250,28 +257,113 @@ def _kill_own_ray_children() -> None:
 
 
 def connect(address: str, token: str | None) -> Attachment:
-    """Attach to the Ray cluster at ``address`` (host:port), checking the token first (fast)."""
+    """Attach to the Ray cluster at ``address``, checking the token first (fast).
+
+    ``host:port`` is the head's GCS: this process joins the cluster as a driver, which needs
+    it to reach every node (a kernel on a cluster node). ``ray://host:port`` is the head's
+    Ray Client server: only that one port must be reachable (a notebook outside the cluster).
+    """
     import ray
 
     token = resolve_token(token)
-    probe(address, token)
+    client = address.startswith("ray://")
+    target = address.removeprefix("ray://")
+    if client:
+        probe_client(target, token)
+    else:
+        probe(target, token)
     if ray.is_initialized():
-        current = ray.get_runtime_context().gcs_address
-        if _same_address(current, address):
-            return Attachment(address=current, token=token, started_here=False, saved_env={})
+        current = _client_address if _is_client() else ray.get_runtime_context().gcs_address
+        if current and _same_address(current.removeprefix("ray://"), target):
+            return Attachment(address=address, token=token, started_here=False, saved_env={})
         raise ClusterError(
             f"this notebook is already attached to the Ray cluster at {current}: close that "
             "Cluster (or `%nbt cluster stop`) before connecting to another one"
         )
     saved = _set_token_env(token)
     try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=address,
+            namespace=RANK_NAMESPACE,  # where named ranks live (re-attached after a kernel restart)
+            log_to_driver=False,
+            configure_logging=False,
+        )
     except Exception as exc:
         _restore_env(saved)
-        raise ClusterError(
-            f"could not connect to the Ray cluster at {address}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ClusterError(_connect_failure(address, exc)) from None
+    if client:
+        _remember_client(address)
     return Attachment(address=address, token=token, started_here=False, saved_env=saved)
+
+
+# Ray Client mode keeps no GCS address: remember which ray:// address this process uses.
+_client_address: str | None = None
+
+
+def _remember_client(address: str | None) -> None:
+    global _client_address
+    _client_address = address
+
+
+def _is_client() -> bool:
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray.util.client import ray as client_ray
+
+        return bool(client_ray.is_connected())
+    return False
+
+
+def _connect_failure(address: str, exc: BaseException) -> str:
+    """One message for a failed ``ray.init``; a version mismatch names both sides' versions."""
+    import re
+    import sys
+
+    import ray
+
+    text = str(exc)
+    if "Version mismatch" in text:
+        versions = re.findall(r"Ray: (\S+)\s+Python: (\S+)", text)
+        if len(versions) == 2:
+            (cluster_ray, cluster_py), (here_ray, here_py) = versions
+        else:  # Ray changed its wording: still name what we know
+            cluster_ray = cluster_py = "?"
+            here_ray, here_py = ray.__version__, sys.version.split()[0]
+        return (
+            f"the Ray cluster at {address} runs Ray {cluster_ray} on Python {cluster_py}, but this "
+            f"notebook has Ray {here_ray} on Python {here_py}: Ray needs the same Ray version and "
+            f"Python {cluster_py.rsplit('.', 1)[0]} on both sides. Install them in the notebook's "
+            f"environment (pip install 'ray=={cluster_ray}', Python {cluster_py.rsplit('.', 1)[0]})."
+        )
+    return f"could not connect to the Ray cluster at {address}: {type(exc).__name__}: {text}"
+
+
+def probe_client(address: str, token: str | None, *, timeout_s: float = _PROBE_TIMEOUT_S) -> None:
+    """Check in one gRPC call that a Ray Client server answers at ``address`` and accepts ``token``.
+
+    The same question Ray Client asks first (a ``ClusterInfo`` PING), with a deadline:
+    Ray's own connect retries for about a minute and then says "connection timeout".
+    """
+    import grpc
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = ray_client_pb2_grpc.RayletDriverStub(channel)
+        request = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)  # type: ignore[attr-defined]  # generated protobuf
+        stub.ClusterInfo(request, metadata=metadata, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise ClusterError(_auth_failure(f"ray://{address}", token)) from None
+        raise ClusterError(
+            f"no Ray Client server answers at ray://{address} ({code.name}: {exc.details()}). Check "
+            "the address (host:port of the head node's Ray Client server, default port 10001, "
+            "`ray start --head --ray-client-server-port 10001`), that the cluster is running and "
+            "that this port is reachable from here."
+        ) from None
+    finally:
+        channel.close()
 
 
 def _same_address(a: str, b: str) -> bool:
@@ -289,6 +381,7 @@ def detach(attachment: Attachment) -> None:
 
     if ray.is_initialized() and (attachment.started_here or attachment.saved_env):
         ray.shutdown()
+        _remember_client(None)
     _restore_env(attachment.saved_env)
     _reset_ray_token_cache()
 

@@ -169,6 +169,22 @@ def _python_function_entry() -> None:
     """An empty Python function: entering it is where pending asynchronous exceptions land."""
 
 
+def _interface_with_address(ip: str) -> str | None:
+    """The name of the network interface holding IPv4 address ``ip`` (Linux), else None."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915  # ioctl: an interface's IPv4 address
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _index, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                request = struct.pack("256s", name.encode()[:15])
+                address = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), siocgifaddr, request)[20:24])
+                if address == ip:
+                    return name
+    return None
+
+
 class RankActor:
     """One rank: its namespace, its process-group membership, its running cell."""
 
@@ -188,6 +204,8 @@ class RankActor:
         self._cells_run = 0
         self._backend: str | None = None
         self._device = "cpu"
+        self._master: str | None = None  # the process group's rendezvous (host:port)
+        self._timeout_s: float | None = None  # its collective timeout
 
     # ---- setup ----
     def node_info(self) -> dict[str, Any]:
@@ -203,6 +221,8 @@ class RankActor:
             "ip": ray.util.get_node_ip_address(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "free_port": free_port,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "world_size": self.world_size,
         }
 
     def setup_process_group(
@@ -229,6 +249,13 @@ class RankActor:
                 "MASTER_PORT": str(master_port),
             }
         )
+        # Gloo (and NCCL's bootstrap) bind to the address the host name resolves to, which on
+        # many hosts is 127.0.x.x or nothing: peers on other nodes then cannot connect and
+        # the group never forms. Use the interface of the address Ray knows this node by.
+        interface = _interface_with_address(self._node_ip())
+        if interface and interface != "lo":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
         if backend == "nccl":
             torch.cuda.set_device(0)
             self._device = "cuda:0"
@@ -243,8 +270,15 @@ class RankActor:
             timeout=timedelta(seconds=timeout_s),
         )
         self._backend = backend
+        self._master, self._timeout_s = f"{master_addr}:{master_port}", timeout_s
         self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
         return {"backend": backend, "device": self._device}
+
+    @staticmethod
+    def _node_ip() -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
 
     # ---- running code ----
     def run_cell(self, source: str) -> CellOutcome:
@@ -371,6 +405,8 @@ class RankActor:
             "cells_run": self._cells_run,
             "backend": self._backend,
             "device": self._device,
+            "master": self._master,
+            "collective_timeout_s": self._timeout_s,
         }
 
     def interrupt(self) -> bool:

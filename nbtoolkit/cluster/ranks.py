@@ -45,6 +45,7 @@ class RankInfo:
     host: str
     ip: str
     gpu_ids: list[str]
+    node_id: str = ""  # Ray's id of the node the rank runs on
     state: str = "idle"  # idle | busy | dead | broken
     cause: str | None = None  # why it is dead or broken
 
@@ -94,6 +95,17 @@ def _death_cause(exc: BaseException) -> str:
     return f"its worker process{where} exited: {reason}"
 
 
+def _rank_info(rank: int, info: dict[str, Any]) -> RankInfo:
+    return RankInfo(
+        rank=rank,
+        pid=info["pid"],
+        host=info["host"],
+        ip=info["ip"],
+        gpu_ids=info["gpu_ids"],
+        node_id=info.get("node_id", ""),
+    )
+
+
 class RankGroup:
     """N rank actors forming one torch.distributed group."""
 
@@ -104,29 +116,24 @@ class RankGroup:
         use_gpus: bool,
         collective_timeout_s: float,
         start_timeout_s: float,
+        strategy: str = "pack",
+        name: str | None = None,
     ) -> None:
-        import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from nbtoolkit.cluster.placement import place_bundles, rank_actor_name
 
         self.world_size = world_size
         self.backend = "nccl" if use_gpus else "gloo"
         self.collective_timeout_s = collective_timeout_s
+        self._start_timeout_s = start_timeout_s
         bundle: dict[str, float] = {"CPU": 1.0}
         if use_gpus:
             bundle["GPU"] = 1.0
-        self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        ready, _ = ray.wait([self._pg.ready()], timeout=start_timeout_s)
-        if not ready:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._pg)
-            have = {k: v for k, v in ray.available_resources().items() if k in {"CPU", "GPU"}}
-            raise ClusterError(
-                f"the cluster has no room for {world_size} ranks (each needs {bundle}; free now: "
-                f"{have}): stop other work on it, or ask for fewer ranks"
-            )
+        self._pg = place_bundles(world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s)
         actor_cls = _actor_class()
+        # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
+        named = lambda rank: {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}  # noqa: E731
         self.actors = [
             actor_cls.options(
                 num_cpus=1,
@@ -136,24 +143,44 @@ class RankGroup:
                 ),
                 max_restarts=0,
                 max_task_retries=0,
+                **named(rank),
             ).remote(rank, world_size)
             for rank in range(world_size)
         ]
-        self._start_timeout_s = start_timeout_s
         try:
             infos = self._get([a.node_info.remote() for a in self.actors], start_timeout_s, "start")
-            self.ranks = [
-                RankInfo(rank=r, pid=i["pid"], host=i["host"], ip=i["ip"], gpu_ids=i["gpu_ids"])
-                for r, i in enumerate(infos)
-            ]
+            self.ranks = [_rank_info(r, i) for r, i in enumerate(infos)]
             self._form_process_group(infos[0])
         except BaseException:
             self.kill()
             raise
 
+    @classmethod
+    def attach(cls, actors: list[Any], placement: Any, *, start_timeout_s: float) -> RankGroup:
+        """The group of rank actors that a previous process started (named ranks), as they are."""
+        group = cls.__new__(cls)
+        group.actors, group._pg, group._start_timeout_s = actors, placement, start_timeout_s
+        group.world_size = len(actors)
+        infos = group._get([a.node_info.remote() for a in actors], start_timeout_s, "answer")
+        states = group._get([a.state.remote() for a in actors], start_timeout_s, "answer")
+        group.ranks = [_rank_info(r, i) for r, i in enumerate(infos)]
+        group.backend = states[0]["backend"] or "gloo"
+        group.collective_timeout_s = float(states[0].get("collective_timeout_s") or 0)
+        group.master = states[0].get("master")
+        for info, state in zip(group.ranks, states, strict=True):
+            if state.get("busy_s") is not None:
+                info.state = "busy"  # still running a cell the previous kernel started
+        return group
+
     def _form_process_group(self, rank0_info: dict[str, Any]) -> None:
         """Every rank joins one torch.distributed group; rendezvous on rank 0's node and free port."""
         master_addr, master_port = rank0_info["ip"], rank0_info["free_port"]
+        hosts = {info.ip for info in self.ranks}
+        if len(hosts) > 1 and master_addr.startswith("127."):
+            raise ClusterError(
+                f"rank 0's node calls itself {master_addr}, which ranks on the other nodes ({sorted(hosts)}) "
+                "cannot reach: start that node's Ray with --node-ip-address set to an address they reach"
+            )
         self._get(
             [
                 a.setup_process_group.remote(
@@ -326,7 +353,8 @@ class RankGroup:
         try:
             result.outcomes[rank] = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            cause = _death_cause(exc)
+            where = self.ranks[rank]
+            cause = f"{_death_cause(exc)} [on node {where.host} ({where.ip})]"
             result.dead.append(RankFailure(rank=rank, cause=cause))
             self.ranks[rank].state, self.ranks[rank].cause = "dead", cause
         except ray.exceptions.RayTaskError as exc:  # our actor code failed (not the user's cell)

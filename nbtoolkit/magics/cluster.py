@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
-from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, DEFAULT_RANKS, PROFILE_STEPS
+from nbtoolkit.model.cluster import (
+    CLUSTER_ACTIONS,
+    COLLECTIVE_TIMEOUT_S,
+    DEFAULT_RANKS,
+    PLACEMENT_STRATEGIES,
+    PROFILE_STEPS,
+)
 
 
 def _cluster(args: Any, call: MagicCall) -> Any:
@@ -21,6 +27,8 @@ def _cluster(args: Any, call: MagicCall) -> Any:
         token_file=args.token_file,
         ranks=args.ranks,
         collective_timeout_s=args.timeout,
+        strategy=args.strategy,
+        name=args.keep_as,
     )
 
 
@@ -69,14 +77,26 @@ register(
                 "target",
                 nargs="?",
                 default=None,
-                help=f"N ranks (start; default {DEFAULT_RANKS}) or host:port (connect)",
+                help=f"N ranks (start; default {DEFAULT_RANKS}) or ray://HEAD:10001 | HEAD:6379 (connect)",
             ),
             Argument("--token-file", default=None, help="file holding the cluster's auth token (connect)"),
             Argument(
                 "--ranks",
                 type=int,
                 default=None,
-                help=f"number of ranks (connect; default: its GPUs, or {DEFAULT_RANKS})",
+                help="number of ranks (connect; default: one per GPU, else one per CPU)",
+            ),
+            Argument(
+                "--strategy",
+                choices=PLACEMENT_STRATEGIES,
+                default="pack",
+                help="placement of the ranks over nodes: pack (few nodes) or spread (many)",
+            ),
+            Argument(
+                "--keep-as",
+                default=None,
+                help="keep the ranks across kernel restarts under this name; connecting again with it "
+                "re-attaches (connect; Cluster.connect(name=...))",
             ),
             Argument(
                 "--timeout",

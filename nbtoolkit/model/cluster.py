@@ -36,6 +36,8 @@ __all__ = [
 CLUSTER_ACTIONS = ("start", "connect", "status", "stop", "restart")
 #: Ranks of a local cluster when no number is given (``%nbt cluster start``, ``Cluster.local()``).
 DEFAULT_RANKS = 2
+#: How ranks are placed over nodes (Ray's placement-group strategies, lower case).
+PLACEMENT_STRATEGIES = ("pack", "spread", "strict_pack", "strict_spread")
 #: How long a rank waits for a dead or stuck peer in a collective before it fails.
 COLLECTIVE_TIMEOUT_S = 120.0
 #: How long starting the rank workers (placement, process group) may take.
@@ -218,8 +220,11 @@ class ClusterStatus(Result):
         for row in self.rows:
             extra = f" — {row['cause']}" if row.get("cause") else ""
             busy = f", busy for {row['busy_s']:.1f} s" if row.get("busy_s") else ""
+            # Ranks on several nodes: say which node each is on (its host name and address).
+            several = h.get("nodes", 1) > 1 and row.get("node")
+            where = f"node {row['node']} {row['ip']}" if several else row["ip"]
             lines.append(
-                f"  rank {row['rank']}: {row['state']} (pid {row['pid']}, {row['ip']}, {row['device']}, "
+                f"  rank {row['rank']}: {row['state']} (pid {row['pid']}, {where}, {row['device']}, "
                 f"{row['cells_run']} cells run{busy}){extra}"
             )
         return "\n".join(lines)
@@ -233,16 +238,19 @@ class ClusterStatus(Result):
             + (f", master <code>{escape(h['master'])}</code>" if h.get("master") else "")
             + "</p>"
         )
-        cols = ["rank", "state", "pid", "ip", "device", "cells run", "busy", "cause"]
+        where_col = "node ip" if h.get("nodes", 1) > 1 else "ip"
+        cols = ["rank", "state", "pid", where_col, "device", "cells run", "busy", "cause"]
         rows = []
         for row in self.rows:
             colour = _STATE_COLOURS.get(row["state"], "#555")
             busy = f"{row['busy_s']:.1f} s" if row.get("busy_s") else ""
+            several = h.get("nodes", 1) > 1 and row.get("node")
+            where = f"{row['node']} {row['ip']}" if several else row["ip"]
             cells = [
                 f"<td>{row['rank']}</td>",
                 f"<td style='color:{colour};font-weight:bold'>{escape(row['state'])}</td>",
                 f"<td>{row['pid']}</td>",
-                f"<td>{escape(row['ip'])}</td>",
+                f"<td>{escape(where)}</td>",
                 f"<td>{escape(row['device'])}</td>",
                 f"<td style='text-align:right'>{row['cells_run']}</td>",
                 f"<td style='text-align:right'>{busy}</td>",

@@ -1,0 +1,93 @@
+"""Where ranks go: a placement group with the user's strategy, and named ranks that outlive a kernel.
+
+- ``strategy``: ``"pack"`` puts ranks on as few nodes as possible (NCCL inside a node is
+  fastest), ``"spread"`` over as many nodes as possible; ``"strict_pack"`` /
+  ``"strict_spread"`` make that a requirement (Ray's four placement strategies).
+- ``name``: the ranks become *detached named actors* (``<name>.rank<N>``) and the placement
+  group ``<name>.ranks``, in the Ray namespace ``nbtoolkit``. They keep running when the
+  notebook's kernel exits or restarts; :func:`find_named_ranks` finds them again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbtoolkit.errors import ClusterError, NbtUsageError
+from nbtoolkit.model.cluster import PLACEMENT_STRATEGIES as STRATEGIES
+
+__all__ = ["STRATEGIES", "find_named_ranks", "parse_strategy", "place_bundles", "rank_actor_name"]
+
+def parse_strategy(strategy: str) -> str:
+    """Ray's spelling (``"SPREAD"``) of a strategy given as ``"spread"``; a clear error otherwise."""
+    if not isinstance(strategy, str) or strategy.lower() not in STRATEGIES:
+        raise NbtUsageError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    return strategy.upper()
+
+
+def rank_actor_name(name: str, rank: int) -> str:
+    return f"{name}.rank{rank}"
+
+
+def _group_name(name: str) -> str:
+    return f"{name}.ranks"
+
+
+def place_bundles(
+    world_size: int, bundle: dict[str, float], *, strategy: str, name: str | None, timeout_s: float
+) -> Any:
+    """A ready placement group of ``world_size`` bundles, or ClusterError saying what is missing."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    options: dict[str, Any] = {"strategy": parse_strategy(strategy)}
+    if name is not None:
+        options.update(name=_group_name(name), lifetime="detached")
+    group = placement_group([dict(bundle) for _ in range(world_size)], **options)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        have = {k: v for k, v in ray.available_resources().items() if k in {"CPU", "GPU"}}
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        raise ClusterError(
+            f"the cluster has no room for {world_size} ranks placed {strategy!r} (each needs {bundle}; "
+            f"{nodes} nodes alive, free now: {have}): stop other work on it, ask for fewer ranks, "
+            "or choose another strategy"
+        )
+    return group
+
+
+def find_named_ranks(name: str) -> tuple[list[Any], Any] | None:
+    """The actors ``<name>.rank0..N-1`` and their placement group, or None when none is left.
+
+    Raises ClusterError when only some ranks are left (a node was lost while the kernel was
+    away): the survivors cannot form the old group, so the message says which are gone.
+    """
+    import ray
+    from ray.util.placement_group import get_placement_group
+
+    def lookup(rank: int) -> Any:
+        try:
+            return ray.get_actor(rank_actor_name(name, rank))
+        except ValueError:  # Ray's "Failed to look up actor": no such name
+            return None
+
+    first = lookup(0)
+    if first is None:
+        return None
+    world_size = int(ray.get(first.node_info.remote(), timeout=30)["world_size"])
+    actors = [first] + [lookup(rank) for rank in range(1, world_size)]
+    gone = [rank for rank, actor in enumerate(actors) if actor is None]
+    if gone:
+        # The survivors cannot form the old group again: stop them, so the name is free.
+        for actor in actors:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        raise ClusterError(
+            f"ranks {gone} of the {world_size} ranks named {name!r} are gone (their node or process "
+            "died); the others were stopped. Connect again for fresh ranks."
+        )
+    try:
+        group = get_placement_group(_group_name(name))
+    except ValueError:  # the ranks outlived their group: nothing holds their resources
+        group = None
+    return actors, group
