@@ -46,6 +46,13 @@ __all__ = ["Cluster", "ClusterStatus", "OutputCallback", "RemoteCellError", "Rem
 #: Object store of a local cluster: results travel through it, traces are the largest.
 OBJECT_STORE_MB = 256
 
+def ranks_for(resources: dict[str, Any], ranks: int | str | None) -> int:
+    """How many ranks ``connect`` starts: ``ranks``, else one per GPU, else one per CPU slot."""
+    if ranks is not None:
+        return rank_count(ranks)
+    return rank_count(int(resources.get("GPU", 0)) or int(resources.get("CPU", 0)) or None)
+
+
 # The cluster the magics (and Cluster.current()) use: the last one started or connected.
 _current: Cluster | None = None
 
@@ -177,15 +184,9 @@ class Cluster(ClusterTransfer, Result):
             token = read_token_file(token_file)
         attachment = connect(address, token)
 
-        def default_ranks() -> int:
-            if ranks is not None:
-                return rank_count(ranks)
-            resources = cluster_resources()
-            return rank_count(int(resources.get("GPU", 0)) or int(resources.get("CPU", 0)) or None)
-
         return cls._ranks_on(
             attachment,
-            default_ranks,
+            lambda: ranks_for(cluster_resources(), ranks),
             gpus=gpus,
             collective_timeout_s=collective_timeout_s,
             start_timeout_s=start_timeout_s,

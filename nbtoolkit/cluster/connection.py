@@ -1,12 +1,21 @@
 """Attach this process to a Ray cluster: start a local one with token authentication, or connect.
 
-Three things Ray does not do for us:
+Two ways to connect: ``ray://HEAD:10001`` goes through Ray Client (the notebook is not a
+Ray node; only the head's client port must be reachable), ``HEAD:6379`` joins the cluster
+through its GCS as a driver (a kernel on a cluster node, which can reach every node).
+
+Four things Ray does not do for us:
 
 - **Fail fast on a bad token.** ``ray.init(address=...)`` with a missing or wrong token
   retries for 20-30 s and then says only "Failed to connect". Before calling it we ask the
   cluster's GCS one cheap question (``GetClusterId``) over gRPC with the token in the
   ``authorization`` header, with a 5 s deadline: UNAUTHENTICATED means the token is wrong
-  or missing, UNAVAILABLE means nothing answers at that address.
+  or missing, UNAVAILABLE means nothing answers at that address. For ``ray://`` we ask the
+  Ray Client server its cheapest question (a ``ClusterInfo`` PING) the same way; Ray
+  Client itself retries for about a minute and then says "connection timeout".
+- **Say which versions differ.** Ray refuses a client or driver whose Ray or Python
+  version differs from the cluster's, in a multi-line text; we turn it into one sentence
+  naming both sides' versions and what to install.
 - **Ignore a stale "current cluster" file.** ``ray start`` records its address in
   ``<temp>/ray/ray_current_cluster``; after that cluster stops, the file stays, and a plain
   ``ray.init()`` tries to join the dead address. We always start local clusters with

@@ -10,8 +10,8 @@ Layout (nothing reaches outside; there is no route out of 10.77.0.0/24):
 
 - a bridge ``br0`` in a network namespace of its own (``<prefix>br``);
 - host 1 (``<prefix>h1``, 10.77.0.1): the Ray head (``ray start --head``, token auth, Ray
-  Client server on port 10001, 1 CPU);
-- host 2 (``<prefix>h2``, 10.77.0.2): a Ray worker node (1 CPU);
+  Client server on port 10001, 3 CPUs);
+- host 2 (``<prefix>h2``, 10.77.0.2): a Ray worker node (3 CPUs);
 - host 3 (10.77.0.3): the network namespace of the process that starts the bed (the test
   or benchmark process, i.e. the notebook), joined to the bridge by a veth pair. It is not
   a Ray node. This is why the bed needs the caller to be in a *private* network namespace
@@ -29,6 +29,7 @@ Every wait has a deadline; a failure says which step failed with the command's o
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -51,6 +52,7 @@ GCS_PORT = 6379
 CLIENT_PORT = 10001
 START_TIMEOUT_S = 90.0
 _NODE_ATTEMPTS = 3
+CPUS_PER_HOST = 3  # the notebook's 2 ranks (one per host) leave room to pack 2 more on one host
 _ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -135,6 +137,7 @@ class MultiHostBed:
             }
         )
         bed = cls(prefix=prefix, token=secrets.token_urlsafe(32), env=env)
+        atexit.register(bed.close)  # a notebook kernel that exits without closing leaves nothing behind
         try:
             bed._build_network()
             bed._start_node(1, timeout_s)
@@ -199,7 +202,7 @@ class MultiHostBed:
 
     def _launch_node(self, host: int) -> None:
         common = (
-            f"--node-ip-address {self.host_ip(host)} --num-cpus 1 --num-gpus 0 "
+            f"--node-ip-address {self.host_ip(host)} --num-cpus {CPUS_PER_HOST} --num-gpus 0 "
             "--object-store-memory 100000000 --disable-usage-stats --block"
         )
         if host == 1:

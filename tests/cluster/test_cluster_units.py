@@ -311,3 +311,51 @@ def test_rank_counts_read_from_a_line_or_given_as_numbers() -> None:
     for bad in ("two", "0", 0, -1, True, 1.5):
         with pytest.raises(NbtUsageError, match="positive integer"):
             rank_count(bad)  # type: ignore[arg-type]
+
+
+def test_status_names_each_ranks_node_only_when_ranks_span_several_nodes() -> None:
+    def status(nodes: int) -> ClusterStatus:
+        header = {"address": "ray://h:1", "origin": "connected", "world_size": 2, "backend": "gloo",
+                  "master": "10.0.0.1:5", "nodes": nodes}
+        rows = [{"rank": r, "state": "idle", "pid": 1, "node": f"host{r + 1}", "ip": f"10.0.0.{r + 1}",
+                 "device": "cpu", "cells_run": 0, "busy_s": None, "cause": None} for r in range(2)]
+        return ClusterStatus(header, rows)  # fmt: skip
+
+    two = status(2)
+    assert "rank 1: idle (pid 1, node host2 10.0.0.2," in repr(two)
+    assert "<td>host2 10.0.0.2</td>" in two._repr_html_() and "<th>node ip</th>" in two._repr_html_()
+    assert "node host" not in repr(status(1)) and "<th>ip</th>" in status(1)._repr_html_()
+
+
+def test_connect_starts_one_rank_per_gpu_else_per_cpu_slot_unless_told() -> None:
+    from nbtoolkit.cluster.cluster import ranks_for
+
+    assert ranks_for({"CPU": 6.0}, None) == 6
+    assert ranks_for({"CPU": 64.0, "GPU": 8.0}, None) == 8
+    assert ranks_for({"CPU": 6.0, "GPU": 8.0}, 3) == 3
+    assert ranks_for({}, None) == 2  # a cluster that reports nothing: the default
+
+
+def test_placement_strategy_is_checked_before_anything_starts() -> None:
+    import nbtoolkit as nbt
+    from nbtoolkit.cluster.placement import parse_strategy
+
+    assert parse_strategy("spread") == "SPREAD" and parse_strategy("STRICT_PACK") == "STRICT_PACK"
+    with pytest.raises(NbtUsageError, match="strategy must be one of pack, spread"):
+        nbt.Cluster.connect("ray://h:1", token="t", strategy="everywhere")
+    with pytest.raises(NbtUsageError, match=r"ray://HEAD:10001.*HEAD:6379"):
+        nbt.Cluster.connect("ray://nowhere", token="t")
+    with pytest.raises(NbtUsageError, match="name must be"):
+        nbt.Cluster.connect("ray://h:1", token="t", name="no spaces")
+
+
+def test_a_version_mismatch_message_names_both_sides() -> None:
+    from nbtoolkit.cluster.connection import _connect_failure
+
+    ray_text = (
+        "Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.11.7\n"
+        "This process on Ray Client was started with:\n    Ray: 2.59.1\n    Python: 3.12.2\n"
+    )
+    message = _connect_failure("ray://h:10001", RuntimeError(ray_text))
+    assert "runs Ray 2.60.0 on Python 3.11.7" in message and "has Ray 2.59.1 on Python 3.12.2" in message
+    assert "pip install 'ray==2.60.0'" in message and "\n" not in message
