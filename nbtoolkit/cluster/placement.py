@@ -40,6 +40,7 @@ def place_bundles(
     from ray.util.placement_group import placement_group, remove_placement_group
 
     options: dict[str, Any] = {"strategy": parse_strategy(strategy)}
+    _check_feasible(world_size, bundle, options["strategy"])
     if name is not None:
         options.update(name=_group_name(name), lifetime="detached")
     group = placement_group([dict(bundle) for _ in range(world_size)], **options)
@@ -54,6 +55,29 @@ def place_bundles(
             "or choose another strategy"
         )
     return group
+
+
+def _check_feasible(world_size: int, bundle: dict[str, float], strategy: str) -> None:
+    """Fail at once when the alive nodes together can never hold the ranks (e.g. after a node was lost)."""
+    import ray
+
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    missing = {
+        kind: need * world_size - sum(node.get(kind, 0.0) for node in nodes)
+        for kind, need in bundle.items()
+        if sum(node.get(kind, 0.0) for node in nodes) < need * world_size
+    }
+    if missing:
+        raise ClusterError(
+            f"the cluster cannot hold {world_size} ranks: its {len(nodes)} alive nodes lack "
+            + ", ".join(f"{amount:g} {kind}" for kind, amount in missing.items())
+            + ". Ask for fewer ranks, or bring back the missing nodes."
+        )
+    if strategy == "STRICT_SPREAD" and len(nodes) < world_size:
+        raise ClusterError(
+            f"'strict_spread' needs one node per rank: {world_size} ranks, {len(nodes)} nodes alive. "
+            "Ask for fewer ranks or use 'spread'."
+        )
 
 
 def find_named_ranks(name: str) -> tuple[list[Any], Any] | None:

@@ -219,3 +219,11 @@ def test_losing_a_worker_node_mid_cell_names_the_rank_and_node_and_restart_uses_
     remote.restart()  # 2 ranks fit on host 1 (3 CPUs); "spread" is a preference, not a rule
     assert {row["node"] for row in remote.status().rows} == {"host1"}
     assert remote.run("rank") == [0, 1]
+    # More ranks than the nodes left can ever hold: said at once, naming what is missing.
+    import nbtoolkit as nbt
+
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"cannot hold 7 ranks: its \d alive nodes lack \d CPU"):
+        nbt.Cluster.connect(multihost.client_address, token=multihost.token, ranks=7)
+    assert time.monotonic() - started < 15
+    assert remote.run("rank") == [0, 1]
