@@ -333,6 +333,10 @@ class Cluster(ClusterTransfer, Result):
         if self._group is not None:
             self._group.kill()
             self._group = None
+            if self.name is not None:  # the new ranks take the same names
+                from nbtoolkit.cluster.placement import wait_until_names_free
+
+                wait_until_names_free(self.name, self._world_size)
         self._start_ranks()
         return self
 

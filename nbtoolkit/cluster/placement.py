@@ -15,7 +15,14 @@ from typing import Any
 from nbtoolkit.errors import ClusterError, NbtUsageError
 from nbtoolkit.model.cluster import PLACEMENT_STRATEGIES as STRATEGIES
 
-__all__ = ["STRATEGIES", "find_named_ranks", "parse_strategy", "place_bundles", "rank_actor_name"]
+__all__ = [
+    "STRATEGIES",
+    "find_named_ranks",
+    "parse_strategy",
+    "place_bundles",
+    "rank_actor_name",
+    "wait_until_names_free",
+]
 
 def parse_strategy(strategy: str) -> str:
     """Ray's spelling (``"SPREAD"``) of a strategy given as ``"spread"``; a clear error otherwise."""
@@ -78,6 +85,22 @@ def _check_feasible(world_size: int, bundle: dict[str, float], strategy: str) ->
             f"'strict_spread' needs one node per rank: {world_size} ranks, {len(nodes)} nodes alive. "
             "Ask for fewer ranks or use 'spread'."
         )
+
+
+def wait_until_names_free(name: str, world_size: int, *, timeout_s: float = 15.0) -> None:
+    """Wait until killed ranks named ``name`` are gone from Ray's registry (it frees names lazily)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    for rank in range(world_size):
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(rank_actor_name(name, rank))
+            except ValueError:  # no such actor: the name is free
+                break
+            time.sleep(0.2)
 
 
 def find_named_ranks(name: str) -> tuple[list[Any], Any] | None:

@@ -132,8 +132,11 @@ class RankGroup:
             bundle["GPU"] = 1.0
         self._pg = place_bundles(world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s)
         actor_cls = _actor_class()
-        # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
-        named = lambda rank: {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}  # noqa: E731
+
+        def named(rank: int) -> dict[str, str]:
+            # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
+            return {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}
+
         self.actors = [
             actor_cls.options(
                 num_cpus=1,

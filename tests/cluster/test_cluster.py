@@ -429,7 +429,7 @@ def test_connecting_where_nothing_listens_fails_fast() -> None:
     with pytest.raises(ClusterError, match="no Ray cluster answers"):
         nbt.Cluster.connect(f"127.0.0.1:{_free_port()}", token="x")
     assert time.monotonic() - started < 10
-    with pytest.raises(NbtUsageError, match="host:port"):
+    with pytest.raises(NbtUsageError, match=r"'ray://HEAD:10001' \(Ray Client.*'HEAD:6379'"):
         nbt.Cluster.connect("nowhere", token="x")
 
 

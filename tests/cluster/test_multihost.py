@@ -183,17 +183,19 @@ def test_a_new_kernel_reattaches_to_named_ranks_or_says_they_are_gone(multihost:
     # Kernel 1 leaves its ranks running (it exits without closing, as a kernel restart does).
     first = multihost.python(3, connect + "cl.run('x = 41 + rank')\nprint('PIDS', cl.pids)")
     assert "no ranks named 'kept'" in first.stdout
-    # Kernel 2 finds them, with their namespaces; closing stops them for good, so connecting
-    # again with the name finds none left.
+    # Kernel 2 finds them, with their namespaces; restarting gives fresh ranks under the same
+    # names; closing stops them for good, so connecting again with the name finds none left.
     second = multihost.python(
         3,
         connect
-        + "print('X', cl.run('x'), cl.reattached)\nprint('PIDS', cl.pids)\ncl.close()\n"
+        + "print('X', cl.run('x'), cl.reattached)\nprint('PIDS', cl.pids)\n"
+        + "cl.restart()\nprint('RESTARTED', cl.run('rank'))\ncl.close()\n"
         + connect.split("\n", 1)[1]
         + "print('AGAIN', cl.reattached)\ncl.close()",
     )
     assert "re-attached to the 2 ranks named 'kept'" in second.stdout
     assert "X [41, 42] True" in second.stdout
+    assert "RESTARTED [0, 1]" in second.stdout  # fresh named ranks take the freed names
     assert first.stdout.split("PIDS")[1].split()[0:2] == second.stdout.split("PIDS")[1].split()[0:2]
     assert "no ranks named 'kept' are running" in second.stdout and "AGAIN False" in second.stdout
 
