@@ -290,16 +290,24 @@ def connect(address: str, token: str | None) -> Attachment:
             "Cluster (or `%nbt cluster stop`) before connecting to another one"
         )
     saved = _set_token_env(token)
-    try:
-        ray.init(
-            address=address,
-            namespace=RANK_NAMESPACE,  # where named ranks live (re-attached after a kernel restart)
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except Exception as exc:
-        _restore_env(saved)
-        raise ClusterError(_connect_failure(address, exc)) from None
+    for attempt in range(_START_ATTEMPTS):
+        try:
+            ray.init(
+                address=address,
+                namespace=RANK_NAMESPACE,  # where named ranks live (re-attached after a kernel restart)
+                log_to_driver=False,
+                configure_logging=False,
+            )
+            break
+        except Exception as exc:
+            # The Ray Client server starts one driver process per client on the head; on a busy
+            # head that start can time out ("Starting Ray client server failed"): try once more.
+            if client and "client server failed" in str(exc) and attempt < _START_ATTEMPTS - 1:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                continue
+            _restore_env(saved)
+            raise ClusterError(_connect_failure(address, exc)) from None
     if client:
         _remember_client(address)
     return Attachment(address=address, token=token, started_here=False, saved_env=saved)
