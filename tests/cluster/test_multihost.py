@@ -72,7 +72,7 @@ def test_output_streams_live_from_both_hosts(remote) -> None:
     assert {text.split()[1] for _, _, text in arrivals if text.startswith("first")} == HOSTS
 
 
-def test_profile_memory_and_step_metrics_come_back_from_both_hosts(remote) -> None:
+def test_profile_memory_step_metrics_and_graphs_come_back_from_both_hosts(remote) -> None:
     remote.run("model = torch.nn.Linear(32, 32); opt = torch.optim.SGD(model.parameters(), lr=0.1)")
     step = "loss = model(torch.randn(8, 32)).sum(); loss.backward(); opt.step(); opt.zero_grad()"
     trace = remote.profile(step, steps=1)
@@ -81,6 +81,9 @@ def test_profile_memory_and_step_metrics_come_back_from_both_hosts(remote) -> No
     assert len(memory) == 2 and all(timeline.peak_bytes > 0 for timeline in memory)
     metrics = remote.step_metrics(step)
     assert len(metrics) == 2 and all(m.model_flops > 0 for m in metrics)
+    compiled = "f = torch.compile(lambda x: print('break') or x.sin(), backend='eager')\nf(torch.ones(4))"
+    reports = remote.graphs(compiled, steps=0, eager_baseline=False, measure_cost=False)
+    assert len(reports) == 2 and all(len(report.breaks) >= 1 for report in reports)
 
 
 def test_fetch_brings_back_files_from_each_hosts_own_disk(remote, tmp_path: Path) -> None:
