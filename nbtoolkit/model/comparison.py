@@ -48,6 +48,10 @@ class Measurement:
             when the step allocates them anew). Summed per allocation from the allocator events
             of ``torch.profiler(profile_memory=True)``; see ``nbtoolkit.optimizations.measure``.
         resident_bytes: bytes live when the step started (parameters, optimizer state, ...).
+        total_peak_bytes: the device's whole peak during the profiled step: everything allocated
+            then, parameters, gradients and optimizer state included (``torch.cuda.max_memory_allocated``
+            on a GPU, the total torch's memory profiler classifies on the CPU). What a memory budget
+            is compared with. None when it was not measured.
         peak_by_category: bytes per torch memory category (``torch.profiler._memory_profiler``:
             PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL,
             unknown) alive at the moment of the peak. Empty when it was not measured.
@@ -68,6 +72,7 @@ class Measurement:
     step_cpu_time_s: float | None = None
     peak_bytes: int = 0
     resident_bytes: int = 0
+    total_peak_bytes: int | None = None
     peak_by_category: dict[str, int] = field(default_factory=dict)
     compile_time_s: float | None = None
     graph_count: int | None = None
@@ -105,6 +110,7 @@ class Measurement:
             ("step time spread (IQR)", self.step_time_spread_s, format_seconds(self.step_time_spread_s)),
             ("step CPU time (median)", self.step_cpu_time_s, format_seconds(self.step_cpu_time_s)),
             ("peak memory", self.peak_bytes, format_bytes(self.peak_bytes)),
+            ("peak memory, device total", self.total_peak_bytes, format_bytes(self.total_peak_bytes)),
         ]
         for category in sorted(self.peak_by_category) if categories is None else categories:
             nbytes = self.peak_by_category.get(category)
