@@ -102,6 +102,7 @@ _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
+    "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",
