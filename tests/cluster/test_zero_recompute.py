@@ -1,0 +1,75 @@
+"""Recompute plans under DeepSpeed ZeRO 1, 2 and 3 on a 2-rank local cluster: every rank stays under.
+
+Real ranks, a real gloo group, real DeepSpeed engines; budgets are set per stage between what
+checkpointing every block and checkpointing nothing measure on the largest rank, so each has
+room to choose and none is met by doing nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
+
+
+def _model():  # built on each rank
+    from tests.optimize._models import TinyGPT
+
+    return TinyGPT(dim=32, hidden=[64, 256, 128], seq=16)
+
+
+def _batch(rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
+
+
+def _loss(out: Any, targets: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.cross_entropy(out.reshape(-1, 64), targets.reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    import nbtoolkit as nbt
+
+    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
+    try:
+        yield cl
+    finally:
+        cl.close()
+
+
+def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> None:
+    reference = cluster.plan_recompute(_model, _batch, stages=(1, 2, 3), loss_fn=_loss, steps=1)
+    ranks = reference.ranks
+    assert list(reference.blocks) == ["blocks.0", "blocks.1", "blocks.2"]
+    assert reference.table.empty  # no budget: measured only
+    assert sorted(set(ranks["stage"])) == [1, 2, 3] and set(ranks["rank"]) == {0, 1}
+    # ZeRO-3 shards the parameters: each rank holds less outside the step than under ZeRO-1
+    fixed = ranks.groupby("stage")["fixed_bytes"].max()
+    assert fixed[3] < fixed[1], fixed.to_dict()
+
+    budgets = {}
+    for stage, rows in ranks.groupby("stage"):
+        lowest, highest = int(rows["peak_all_bytes"].max()), int(rows["peak_none_bytes"].max())
+        assert lowest < highest
+        budgets[stage] = lowest + (highest - lowest) // 2
+    result = cluster.plan_recompute(
+        _model, _batch, budget=sorted(set(budgets.values())), stages=(1, 2, 3), loss_fn=_loss, steps=1
+    )
+    table = result.table
+    for stage, budget in budgets.items():
+        row = table[(table["stage"] == stage) & (table["budget_bytes"] == budget)].iloc[0]
+        assert row["error"] == "" and row["n_blocks"] >= 1, row.to_dict()
+        assert row["measured_peak_bytes"] <= budget, row.to_dict()  # the largest rank fits
+        assert bool(row["fits"])
+    assert "ZeRO recompute plans" in repr(result)
+    fig = result.figure()
+    assert {t.name for t in fig.data} >= {"ZeRO-1", "ZeRO-2", "ZeRO-3", "budget"}
+    assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
