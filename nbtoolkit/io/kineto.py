@@ -46,7 +46,7 @@ _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 # ----------------------------------------------------------------------------- public
-def load_trace(path: str | Path | Trace, *, max_bytes: int | str | None = None) -> Trace:
+def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None = None) -> Trace:
     """Load a Kineto/Chrome trace file, or a folder of per-rank trace files, into a Trace.
 
     Args:
