@@ -239,15 +239,10 @@ def load_memory_snapshot(
     if isinstance(path, (dict, list)):  # what torch.cuda.memory._snapshot() returns, in memory
         return _from_raw(path, "the snapshot given", in_memory=True, max_rows=max_rows)
     if not is_path(path):
-        # A SnapshotError that is also a usage error: older code catches SnapshotError here.
-        raise _SnapshotUsageError(
-            str(
-                wrong_type(
-                    "load_memory_snapshot()",
-                    "a file path, the dict from torch.cuda.memory._snapshot(), or a MemorySnapshot",
-                    path,
-                )
-            )
+        raise wrong_type(
+            "load_memory_snapshot()",
+            "a file path, the dict from torch.cuda.memory._snapshot(), or a MemorySnapshot",
+            path,
         )
     source = Path(path).expanduser()
     if source.is_dir() and (source / "snapshot.json").is_file():
@@ -260,10 +255,6 @@ def load_memory_snapshot(
             "export_memory_timeline output, read it with nbt.load_memory_timeline(path)"
         )
     return _from_raw(restricted_loads(data, name=str(source)), str(source), max_rows=max_rows)
-
-
-class _SnapshotUsageError(SnapshotError, NbtUsageError):
-    """load_memory_snapshot() was given something that is neither a path nor a snapshot."""
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------
