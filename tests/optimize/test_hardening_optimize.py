@@ -6,6 +6,7 @@ import torch
 
 import nbtoolkit as nbt
 from nbtoolkit.model.comparison import Comparison, Measurement
+from tests.optimize._models import make_gpt
 
 
 def _m(label: str, times: list[float]) -> Measurement:
@@ -49,23 +50,8 @@ def test_noise_from_a_saved_comparison_uses_the_stored_spread(tmp_path) -> None:
     assert not Comparison(before, far).time_within_noise
 
 
-def _linear_step() -> tuple[torch.nn.Module, object]:
-    model = torch.nn.Linear(8, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(4, 8)
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return model, step
-
-
 def test_optimize_with_nothing_to_apply_says_so() -> None:
-    model, step = _linear_step()
+    model, step = make_gpt(batch=2, seq=8, hidden=[16])
     result = nbt.optimize(model, step, steps=2, warmup=0, categories=False, metrics=False)
     assert result.changes == []
     assert result.nothing_applied is not None and "no change was asked for" in result.nothing_applied
@@ -88,6 +74,6 @@ def test_optimize_of_a_model_without_parameters_says_so(tmp_path) -> None:
 
 
 def test_optimize_that_applies_something_has_no_such_note() -> None:
-    model, step = _linear_step()
+    model, step = make_gpt(batch=2, seq=8, hidden=[16])
     result = nbt.optimize(model, step, amp="bf16", steps=2, warmup=0, categories=False, metrics=False)
     assert result.changes and result.nothing_applied is None
