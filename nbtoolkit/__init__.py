@@ -100,6 +100,7 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 # such call, so `import nbtoolkit` stays light and the model layer never imports upward.
 _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
+    "nbtoolkit.io.kineto",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
     "nbtoolkit.integrations.deepspeed.recompute",

@@ -241,7 +241,22 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
         handle = None
     else:
         handle = applied
-    return Comparison(before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle)
+    return Comparison(
+        before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle,
+        nothing_applied=None if changes else _why_nothing_applied(module, config, plan),
+    )
+
+
+def _why_nothing_applied(module: Any, config: OptimizeConfig, plan: Any) -> str:
+    """Why optimize() changed nothing, in words (the Comparison then claims no speed-up)."""
+    reasons = []
+    if not any(True for _ in module.parameters()):
+        reasons.append("the model has no parameters")
+    if plan is not None and not plan.blocks:
+        reasons.append("the recompute plan chose no block (the step already fits the budget)")
+    elif config.recompute is None and config.compile_options is None and config.amp is None:
+        reasons.append("no change was asked for: pass compile=True, recompute=... or amp=...")
+    return "; ".join(reasons) or "no change applied"
 
 
 def _copy_state(module: Any) -> dict[str, Any]:
