@@ -88,7 +88,8 @@ def recompute_on_rank(
         costs = measure_recompute_costs(
             module, step, names, resolve_blocks(module, names), steps=steps, tick=lambda _: None
         )
-        merged = RecomputeCosts.worst_of(_gathered(costs)) if rank == 0 else None
+        everyone = _gathered(costs)  # a collective: every rank calls it
+        merged = RecomputeCosts.worst_of(everyone) if rank == 0 else None
         measured: dict[tuple[str, ...], dict[str, list[Any]]] = {}
 
         def measure(chosen: tuple[str, ...]) -> dict[str, list[Any]]:
