@@ -50,6 +50,7 @@ __all__ = [
     "TensorTimeline",
     "allocation_series",
     "device_total_peak",
+    "live_tensor_bytes",
     "mark",
     "peak_by_category",
     "profile_memory_series",
@@ -258,6 +259,29 @@ TOTAL_UNKNOWN = (
 )
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of all tensors the garbage collector can reach, each storage counted once."""
+    import gc
+
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if key in seen or key == 0:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+        except (RuntimeError, ReferenceError):  # tensors without storage (sparse, fake)
+            continue
+    return total
+
+
 # ---- walker 2: torch's categorized tensor timeline ------------------------------------------
 
 
@@ -380,6 +404,8 @@ def profile_memory_series(
         synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     details = categories or (total and not on_gpu)
+    # the fallback for a CPU total when torch cannot classify the run (see device_total_peak)
+    live_before = live_tensor_bytes() if total and not on_gpu else None
     run = run_memory_profiled(fn, details=details, cuda=torch.cuda.is_available())
     if run.failure is not None:
         raise run.failure
@@ -398,7 +424,8 @@ def profile_memory_series(
             by_category, resident = {}, 0
     if total:
         series.total_peak_bytes = device_total_peak(
-            series, by_category if classified else None, device=device if on_gpu else None
+            series, by_category if classified else None, device=device if on_gpu else None,
+            live_before=live_before,
         )
     if not categories:
         by_category, resident = {}, 0
@@ -406,7 +433,11 @@ def profile_memory_series(
 
 
 def device_total_peak(
-    series: MemorySeries, by_category: dict[str, int] | None, *, device: Any = None
+    series: MemorySeries,
+    by_category: dict[str, int] | None,
+    *,
+    device: Any = None,
+    live_before: int | None = None,
 ) -> int | None:
     """The device's whole peak during a profiled run: what a memory budget is compared with.
 
@@ -415,8 +446,10 @@ def device_total_peak(
     allocator statistics, it is the total torch's memory profiler classifies at its peak:
     every tensor alive then, also those from before the run (parameters, optimizer state,
     inputs); it agrees with ``torch.distributed._tools.mem_tracker.MemTracker``'s total
-    (tested). Never below the series' own peak. None when torch's memory profiler could not
-    classify the run (private API; see :data:`TOTAL_UNKNOWN` for what to tell the user).
+    (tested). When torch's memory profiler cannot classify the run (private API; it fails on
+    some DeepSpeed ZeRO-3 steps), ``live_before`` (:func:`live_tensor_bytes` before the run)
+    plus the series' peak stands in: an upper bound, since frees of tensors from before the run
+    are not credited. Never below the series' own peak; None when neither is known.
     """
     import torch
 
@@ -424,5 +457,5 @@ def device_total_peak(
         synchronize()
         return max(int(torch.cuda.max_memory_allocated(device)), series.peak_bytes)
     if by_category is None:
-        return None
+        return None if live_before is None else live_before + series.peak_bytes
     return max(sum(by_category.values()), series.peak_bytes)

@@ -123,6 +123,7 @@ def zero_plan_recompute(
     steps: int = 2,
     timed_steps: int = 3,
     micro_batch_size: int = 8,
+    knobs: dict[str, Any] | None = None,
     lr: float = 1e-3,
     loss_fn: Callable[[Any, Any], Any] | None = None,
 ) -> ZeroRecompute:
@@ -136,6 +137,9 @@ def zero_plan_recompute(
         stages: ZeRO stages to try (or ``stage=`` for one).
         blocks: candidate module names; default the model's repeated blocks.
         steps: timing rounds of the candidate measurement; timed_steps: steps timed per plan.
+        knobs: further ZeRO settings for :func:`zero_config` (``reduce_bucket_size=...``). Note
+            that DeepSpeed's default reduce bucket (5e8 elements) is itself 2 GB of fp32 on each
+            rank, allocated during the step, and so counts against the budget.
     The method is in the module docstring.
     """
     import pandas as pd
@@ -148,7 +152,7 @@ def zero_plan_recompute(
     rows, rank_rows = [], []
     names: list[str] = []
     for s in chosen_stages:
-        config = zero_config(stage=s, micro_batch_size=micro_batch_size)
+        config = zero_config(stage=s, micro_batch_size=micro_batch_size, **(knobs or {}))
         results = cluster.run(
             lambda config=config: recompute_on_rank(
                 model_fn, batch_fn, config, budgets=budgets, blocks=blocks, steps=steps,
