@@ -405,7 +405,12 @@ def profile_memory_series(
         torch.cuda.reset_peak_memory_stats(device)
     details = categories or (total and not on_gpu)
     # the fallback for a CPU total when torch cannot classify the run (see device_total_peak)
-    live_before = live_tensor_bytes() if total and not on_gpu else None
+    live_before = None
+    if total and not on_gpu:
+        import gc
+
+        gc.collect()  # garbage from earlier steps would count as live
+        live_before = live_tensor_bytes()
     run = run_memory_profiled(fn, details=details, cuda=torch.cuda.is_available())
     if run.failure is not None:
         raise run.failure

@@ -21,14 +21,15 @@ SMALL = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000}
 def _model():  # built on each rank
     from tests.optimize._models import TinyGPT
 
-    return TinyGPT(dim=32, hidden=[64, 256, 128], seq=16)
+    # activations (tokens x MLP width) dominate the parameters, as in real training
+    return TinyGPT(dim=32, hidden=[128, 512, 256], seq=64)
 
 
 def _batch(rank: int):
     import torch
 
     g = torch.Generator().manual_seed(rank)
-    return torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
+    return torch.randint(0, 64, (16, 64), generator=g), torch.randint(0, 64, (16, 64), generator=g)
 
 
 def _loss(out: Any, targets: Any) -> Any:
@@ -57,7 +58,7 @@ def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> N
     # every rank holds parameters and optimizer state outside the step, which the budget counts
     # (how much per stage depends on DeepSpeed: for a model this small ZeRO-3 keeps every
     # parameter whole, under its persistence threshold, and adds its own flat buffers)
-    assert (ranks["fixed_bytes"] > 0).all() and (ranks["parameter"] > 0).all()
+    assert (ranks["fixed_bytes"] > 0).all(), ranks.to_string()
 
     budgets = {}
     for stage, rows in ranks.groupby("stage"):
@@ -68,12 +69,16 @@ def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> N
         _model, _batch, budget=sorted(set(budgets.values())), stages=(1, 2, 3), loss_fn=_loss, steps=1,
         knobs=SMALL,
     )
-    table = result.table
+    table, now = result.table, result.ranks
+    shown = f"{table.to_string()}\n{now.to_string()}\n{reference.ranks.to_string()}"
     for stage, budget in budgets.items():
         row = table[(table["stage"] == stage) & (table["budget_bytes"] == budget)].iloc[0]
-        assert row["error"] == "" and row["n_blocks"] >= 1, row.to_dict()
-        assert row["measured_peak_bytes"] <= budget, row.to_dict()  # the largest rank fits
+        assert row["error"] == "", shown
+        assert row["measured_peak_bytes"] <= budget, shown  # the largest rank fits
         assert bool(row["fits"])
+        # where checkpointing nothing measured over the budget in this run, blocks were chosen
+        if now[now["stage"] == stage]["peak_none_bytes"].max() > budget:
+            assert row["n_blocks"] >= 1, shown
     assert "ZeRO recompute plans" in repr(result)
     fig = result.figure()
     assert {t.name for t in fig.data} >= {"ZeRO-1", "ZeRO-2", "ZeRO-3", "budget"}

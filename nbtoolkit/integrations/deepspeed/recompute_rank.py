@@ -9,7 +9,9 @@ One call per ZeRO stage, on every rank at once, inside one DeepSpeed engine:
    over ranks (``RecomputeCosts.worst_of``) and broadcasts it, so every rank applies the same
    blocks;
 3. apply each plan, measure every rank's total peak and step time, and re-plan under a lowered
-   budget while the largest rank is over it (at most three times), as ``plan_recompute`` does.
+   budget while the largest rank is over it (at most three times), as ``plan_recompute`` does;
+   if still over, take the fastest plan measured under the budget (checkpointing every block
+   is always measured).
 
 Collectives happen in the same order on every rank: every decision is made on rank 0 and
 broadcast, never recomputed on each rank from floating-point results.
@@ -42,6 +44,25 @@ def _from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _fastest_measured_fit(row: dict[str, Any], measured: dict[tuple[str, ...], Any], budget: int) -> None:
+    """When the model's plans all measured over the budget, the fastest plan that *measured* under it.
+
+    The memory model can under-predict where a stage re-gathers or re-buckets during
+    recomputation (ZeRO-3 gathers a block's parameters again for its recompute); every rank
+    holds the same gathered measurements (checkpointing nothing and every block are always
+    among them), so every rank makes the same choice.
+    """
+    fits = [(max(v["step_time_s"]), blocks) for blocks, v in measured.items() if max(v["peak"]) <= budget]
+    if not fits:
+        row["notes"].append("no measured plan fits either, not even checkpointing every block")
+        return
+    _, blocks = min(fits)
+    row.update(blocks=list(blocks), measured=measured[blocks])
+    row["notes"].append(
+        "the memory model under-predicted this stage's peak: chose the fastest plan measured under the budget"
+    )
 
 
 def recompute_on_rank(
@@ -149,6 +170,8 @@ def recompute_on_rank(
                     "budget lowered by the overshoot"
                 )
                 row.update(tighter)
+            if "measured" in row and max(row["measured"]["peak"]) > budget:
+                _fastest_measured_fit(row, measured, int(budget))
             plans.append(row)
         return {"costs": costs, "reference": reference, "plans": plans, "blocks": names}
     finally:
