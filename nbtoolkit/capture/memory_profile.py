@@ -269,7 +269,9 @@ def live_tensor_bytes() -> int:
     total = 0
     for obj in gc.get_objects():
         try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta:
+            # type(), not isinstance(): isinstance reads __class__, which some module-level
+            # proxies (torch.distributed.reduce_op) answer with a deprecation warning
+            if not issubclass(type(obj), torch.Tensor) or obj.is_meta:
                 continue
             storage = obj.untyped_storage()
             key = storage.data_ptr()
