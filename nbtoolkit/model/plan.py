@@ -97,7 +97,7 @@ class RecomputePlan(Result):
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
-        """Predicted peak (bytes, of the kind ``budget_kind`` names) when exactly ``blocks`` are checkpointed."""
+        """Predicted peak (bytes, the kind ``budget_kind`` names) when exactly ``blocks`` are checkpointed."""
         saved = dict(zip(self.candidates["block"], self.candidates["saved_bytes"], strict=True))
         chosen = set(blocks)
         peak = 0
