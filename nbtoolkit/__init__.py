@@ -100,8 +100,10 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 # such call, so `import nbtoolkit` stays light and the model layer never imports upward.
 _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
+    "nbtoolkit.io.kineto",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
+    "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",

@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
 
 __all__ = [
+    "DeviceShare",
     "format_bytes",
     "format_flop_rate",
     "format_flops",
     "format_percent",
     "format_seconds",
     "memory_viz_size",
+    "parse_budget",
     "parse_bytes",
 ]
 
@@ -144,3 +147,35 @@ def parse_bytes(value: Any, *, what: str = "budget") -> int:
     if not math.isfinite(number) or number <= 0:
         raise NbtUsageError(f"{what} must be a positive number of bytes, got {value!r}")
     return int(number)
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """A memory budget written as a share of the device's memory, e.g. ``"90%"``.
+
+    Only a GPU has a memory size to take a share of; turning it into bytes needs the device
+    (``nbtoolkit.capture.device_memory.budget_bytes_for``).
+    """
+
+    fraction: float
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}% of the device's memory"
+
+
+def parse_budget(value: Any, *, what: str = "budget") -> int | DeviceShare:
+    """A memory budget: bytes as :func:`parse_bytes` reads them, or a share of the device (``"90%"``)."""
+    if isinstance(value, DeviceShare):
+        return value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        text = value.strip()[:-1].strip()
+        try:
+            percent = float(text)
+        except ValueError:
+            percent = math.nan
+        if not 0 < percent <= 100:
+            raise NbtUsageError(
+                f"cannot read {what} {value!r}: a share of the device is a percentage in (0, 100], e.g. '90%'"
+            )
+        return DeviceShare(percent / 100)
+    return parse_bytes(value, what=what)

@@ -14,6 +14,7 @@ import numpy as np
 from nbtoolkit.analysis import _kernels as k
 from nbtoolkit.analysis._intervals import intersection_length, self_times
 from nbtoolkit.model._providers import provides
+from nbtoolkit.model.inputs import as_trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,6 +62,7 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
         include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
             Traces with fewer than two ProfilerStep labels are never filtered.
     """
+    trace = as_trace(trace, what="temporal_breakdown()")
     import pandas as pd
 
     rows = []
@@ -112,6 +114,7 @@ def kernel_breakdown(
     ``mean_us``, ``max_us``, ``min_us``, ``std_us`` (every kernel; HTA folds the tail into
     "others", we keep all names).
     """
+    trace = as_trace(trace, what="kernel_breakdown()")
     import pandas as pd
 
     from nbtoolkit.model.trace import KernelBreakdown
@@ -193,6 +196,7 @@ def idle_breakdown(
     Columns: ``rank, stream, idle_category, idle_us, idle_ratio`` (share of the stream's
     idle time). Categories that never occur on a stream are absent, as in HTA.
     """
+    trace = as_trace(trace, what="idle_breakdown()")
     import pandas as pd
 
     kernel_cats = ["kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events"]

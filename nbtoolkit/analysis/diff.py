@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbtoolkit.model.inputs import as_trace
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -31,14 +33,10 @@ def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bo
     """Before/after comparison of two Traces (see the module docstring for the numbers)."""
     import pandas as pd
 
-    from nbtoolkit.model.trace import Trace
     from nbtoolkit.model.trace_diff import TraceDiff
 
-    for label, value in (("before", before), ("after", after)):
-        if not isinstance(value, Trace):
-            from nbtoolkit.errors import NbtUsageError
-
-            raise NbtUsageError(f"compare() needs two Traces; {label} is a {type(value).__name__}")
+    before = as_trace(before, what="compare() (before)")
+    after = as_trace(after, what="compare() (after)")
     a, b = _summary(before, include_last_step), _summary(after, include_last_step)
     summary = pd.DataFrame({"before": a, "after": b})
     summary["delta"] = summary["after"] - summary["before"]

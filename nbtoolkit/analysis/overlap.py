@@ -37,6 +37,7 @@ import numpy as np
 from nbtoolkit.analysis import _kernels as k
 from nbtoolkit.analysis._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.model.inputs import as_trace
 from nbtoolkit.model.steps import step_labels
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def comm_comp_overlap(
 
     ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
     """
+    trace = as_trace(trace, what="comm_comp_overlap()")
     import pandas as pd
 
     if by not in ("rank", "iteration", "collective"):

@@ -33,7 +33,15 @@ if TYPE_CHECKING:
     from nbtoolkit.model.plan import RecomputePlan
     from nbtoolkit.model.recompute_costs import RecomputeCosts
 
-__all__ = ["SOLVER", "cheapest_blocks", "predict_peak", "solve_plan", "solve_recompute", "tradeoff_front"]
+__all__ = [
+    "BUDGET_KINDS",
+    "SOLVER",
+    "cheapest_blocks",
+    "predict_peak",
+    "solve_plan",
+    "solve_recompute",
+    "tradeoff_front",
+]
 
 SOLVER = "integer linear program (PuLP + CBC)"
 
@@ -140,25 +148,48 @@ def _arrays(costs: RecomputeCosts) -> tuple[list[int], list[frozenset[int]], lis
     return list(costs.phase_bytes), costs.alive_indices, list(costs.saved_bytes), list(costs.recompute_time_s)
 
 
-def cheapest_blocks(costs: RecomputeCosts, budget_bytes: int, *, fixed_bytes: int = 0) -> list[str] | None:
-    """Names of the cheapest blocks to checkpoint so the predicted peak fits; None if none fits."""
+def cheapest_blocks(
+    costs: RecomputeCosts, budget_bytes: int, *, fixed_bytes: int | None = None
+) -> list[str] | None:
+    """Names of the cheapest blocks to checkpoint so the predicted peak fits; None if none fits.
+
+    ``fixed_bytes`` None: the costs' own ``fixed_bytes`` (a budget of the device's total).
+    """
     levels, alive, saved, cost = _arrays(costs)
-    chosen = solve_plan(levels, alive, saved, cost, budget_bytes, fixed_bytes=fixed_bytes)
+    fixed = costs.fixed_bytes if fixed_bytes is None else fixed_bytes
+    chosen = solve_plan(levels, alive, saved, cost, budget_bytes, fixed_bytes=fixed)
     return None if chosen is None else [costs.blocks[i] for i in sorted(chosen)]
 
 
+#: What a plan's budget counts: the device's whole peak, or only what the step allocates.
+BUDGET_KINDS = {
+    "total": "the device's total peak (parameters, gradients, optimizer state, activations, temporaries)",
+    "step": "the step's own peak (what it allocates above what was live before it)",
+}
+
+
 def solve_recompute(
-    costs: RecomputeCosts, budget_bytes: int | None = None, *, fixed_bytes: int = 0
+    costs: RecomputeCosts,
+    budget_bytes: int | None = None,
+    *,
+    fixed_bytes: int | None = None,
+    budget_kind: str = "total",
 ) -> RecomputePlan:
     """The cheapest plan whose predicted peak fits ``budget_bytes``, with the whole trade-off front.
 
     ``budget_bytes`` None: checkpoint nothing (the budget is the baseline peak plus
     ``fixed_bytes``) but still give the front. ``fixed_bytes``: bytes no checkpointing changes,
-    added to every predicted peak and counted against the budget.
+    added to every predicted peak and counted against the budget; None takes the costs'
+    ``fixed_bytes`` when ``budget_kind`` is ``"total"`` and 0 when it is ``"step"``.
 
     Raises:
-        PlanError: no set of blocks reaches the budget; the message gives the lowest reachable peak.
+        PlanError: no set of blocks reaches the budget; the message gives the lowest reachable
+            peak, what of it is fixed, and what would lower that.
     """
+    if budget_kind not in BUDGET_KINDS:
+        raise ValueError(f"budget_kind must be one of {sorted(BUDGET_KINDS)}, got {budget_kind!r}")
+    if fixed_bytes is None:
+        fixed_bytes = costs.fixed_bytes if budget_kind == "total" else 0
     levels, alive, saved, cost = _arrays(costs)
     baseline_peak = int(costs.baseline_peak_bytes or 0)
     front, truncated = tradeoff_front(levels, alive, saved, cost, fixed_bytes=fixed_bytes)
@@ -167,16 +198,40 @@ def solve_recompute(
     if chosen is None:
         everything = {i for i in range(len(saved)) if saved[i] > 0}
         lowest = predict_peak(levels, alive, saved, everything, fixed_bytes=fixed_bytes)
-        raise PlanError(
-            f"no recomputation plan fits a budget of {format_bytes(target)} ({target:,} bytes): "
-            f"the baseline peak is {format_bytes(fixed_bytes + baseline_peak)} and checkpointing every "
-            f"candidate still peaks at {format_bytes(lowest)} ({lowest:,} bytes). Raise the budget to "
-            "at least that, or name more/smaller blocks with blocks=[...]"
-        )
+        raise PlanError(_unreachable(costs, target, lowest, fixed_bytes + baseline_peak, budget_kind))
     notes = list(costs.notes)
     if truncated:
         notes.append(f"trade-off front cut at {len(front)} plans")
-    return _plan(costs, front, chosen, budget=target, fixed_bytes=fixed_bytes, notes=notes)
+    return _plan(
+        costs, front, chosen, budget=target, fixed_bytes=fixed_bytes, notes=notes, budget_kind=budget_kind
+    )
+
+
+def _unreachable(costs: RecomputeCosts, target: int, lowest: int, baseline: int, kind: str) -> str:
+    """The PlanError text: the lowest reachable peak, what of it is fixed, what would lower it."""
+    what = "total peak" if kind == "total" else "step's own peak"
+    text = (
+        f"no recomputation plan fits a budget of {format_bytes(target)} ({target:,} bytes) for the {what}: "
+        f"without recomputation it is {format_bytes(baseline)}, and checkpointing every candidate still "
+        f"peaks at {format_bytes(lowest)} ({lowest:,} bytes)."
+    )
+    parts = costs.fixed_by_category
+    if kind == "total" and parts:
+        names = {"parameter": "parameters", "optimizer_state": "optimizer state", "input": "inputs"}
+        held = ", ".join(
+            f"{label} {format_bytes(parts[key])}" for key, label in names.items() if parts.get(key)
+        )
+        grads = parts.get("gradient", 0)
+        text += (
+            f" Recomputation cannot lower what the step holds regardless: {held or 'nothing measured'}"
+            + (f", and gradients {format_bytes(grads)} made during backward" if grads else "")
+            + ". To lower those: shard them across ranks with DeepSpeed ZeRO (stage 1 shards optimizer "
+            "state, 2 also gradients, 3 also parameters), train in bf16/fp16 with AMP (smaller "
+            "activations and temporaries), or use a smaller batch."
+        )
+    return text + (
+        " Or raise the budget to at least the lowest peak, or name more/smaller blocks with blocks=[...]"
+    )
 
 
 def _plan(
@@ -187,6 +242,7 @@ def _plan(
     budget: int,
     fixed_bytes: int,
     notes: list[str],
+    budget_kind: str,
 ) -> RecomputePlan:
     import pandas as pd
 
@@ -235,4 +291,5 @@ def _plan(
         solver=SOLVER,
         notes=notes,
         fixed_bytes=int(fixed_bytes),
+        budget_kind=budget_kind,
     )

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbtoolkit.model.inputs import as_trace
+
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import StragglerReport, Trace
 
@@ -34,6 +36,7 @@ def stragglers(
     trace: Trace, *, threshold_pct: float = 5.0, include_last_step: bool = False
 ) -> StragglerReport:
     """Per-rank step, work and communication-wait times, and the slowest rank (see the module docstring)."""
+    trace = as_trace(trace, what="stragglers()")
     import pandas as pd
 
     from nbtoolkit.analysis import _kernels as k

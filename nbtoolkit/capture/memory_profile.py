@@ -43,11 +43,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MARK_PREFIX",
+    "TOTAL_UNKNOWN",
     "MemorySeries",
     "ProfiledRun",
     "TensorEvent",
     "TensorTimeline",
     "allocation_series",
+    "device_total_peak",
+    "live_tensor_bytes",
     "mark",
     "peak_by_category",
     "profile_memory_series",
@@ -160,10 +163,25 @@ class MemorySeries:
     levels: list[int] = field(default_factory=list)
     marks: dict[str, int] = field(default_factory=dict)
     value: Any = None
+    #: The device's whole peak during the run (everything allocated, also what existed before
+    #: it: parameters, optimizer state ...), when measured (``total=True``), else None.
+    total_peak_bytes: int | None = None
 
     @property
     def peak_bytes(self) -> int:
         return max(self.levels, default=0)
+
+    @property
+    def outside_bytes(self) -> int | None:
+        """Bytes the device held throughout the peak that this series does not count.
+
+        ``total_peak_bytes - peak_bytes``: what was live before the run and still is at its
+        peak (parameters, optimizer state, inputs). Adding it to any level gives the device's
+        total at that moment, as long as nothing from before the run is freed after the
+        step's first stretch (a ``zero_grad(set_to_none=True)`` frees last step's gradients
+        at the start, which is fine).
+        """
+        return None if self.total_peak_bytes is None else self.total_peak_bytes - self.peak_bytes
 
     def level_at(self, time_ns: int) -> int:
         """The total right after the last allocation event at or before ``time_ns``."""
@@ -179,9 +197,16 @@ def _walk(nodes: Any) -> Iterator[Any]:
         stack.extend(node.children)
 
 
-def allocation_series(profiler: Any) -> MemorySeries:
-    """The live bytes after every allocation and free of a stopped profile, and its markers."""
+def allocation_series(profiler: Any, *, device: Any = None) -> MemorySeries:
+    """The live bytes after every allocation and free of a stopped profile, and its markers.
+
+    ``device`` (a ``torch.device`` or its text): count only that device's allocator (a GPU
+    model's step also allocates small CPU tensors, which are not GPU memory); None: all.
+    """
     from torch._C._profiler import _EventType
+
+    wanted = None if device is None else _device_key(device)
+    keys: dict[str, tuple[str, int]] = {}  # one parse per device name, not per event
 
     series = MemorySeries()
     results = profiler.profiler.kineto_results if profiler.profiler is not None else None
@@ -191,6 +216,10 @@ def allocation_series(profiler: Any) -> MemorySeries:
     for node in _walk(results.experimental_event_tree()):
         if node.tag == _EventType.Allocation:
             fields = node.extra_fields
+            if wanted is not None and (
+                keys.get(name := str(fields.device)) or keys.setdefault(name, _device_key(name))
+            ) != wanted:
+                continue
             events.append((node.start_time_ns, int(fields.alloc_size), int(fields.ptr)))
         elif node.name.startswith(MARK_PREFIX):
             name = node.name[len(MARK_PREFIX):]
@@ -210,6 +239,49 @@ def allocation_series(profiler: Any) -> MemorySeries:
         series.times_ns.append(t)
         series.levels.append(level)
     return series
+
+
+def _device_key(device: Any) -> tuple[str, int]:
+    """(type, index) of a device; a GPU named without an index is the current one, the CPU is one."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return ("cpu", 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (device.type, index)
+
+
+#: Why a CPU run's total peak can be missing, and what to do (for the errors of callers that need it).
+TOTAL_UNKNOWN = (
+    "torch's memory profiler could not classify this step's tensors, so the device's total peak "
+    "(parameters, gradients, optimizer state and the step's own memory) is unknown on the CPU"
+)
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of all tensors the garbage collector can reach, each storage counted once."""
+    import gc
+
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        try:
+            # type(), not isinstance(): isinstance reads __class__, which some module-level
+            # proxies (torch.distributed.reduce_op) answer with a deprecation warning
+            if not issubclass(type(obj), torch.Tensor) or obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if key in seen or key == 0:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+        except (RuntimeError, ReferenceError):  # tensors without storage (sparse, fake)
+            continue
+    return total
 
 
 # ---- walker 2: torch's categorized tensor timeline ------------------------------------------
@@ -315,29 +387,82 @@ def peak_by_category(events: list[TensorEvent]) -> tuple[dict[str, int], int]:
 
 
 def profile_memory_series(
-    fn: Callable[[], Any], *, categories: bool = False
+    fn: Callable[[], Any], *, categories: bool = False, total: bool = False, device: Any = None
 ) -> tuple[MemorySeries, dict[str, int], int]:
     """Run ``fn`` once under the memory profiler; its allocator series, and optionally its categories.
 
     With ``categories=True`` shapes and stacks are recorded too and the second value is
     :func:`peak_by_category` and the third the bytes that existed before the run (parameters,
     optimizer state ...) as torch's memory profiler saw them; otherwise ``{}`` and 0.
+    With ``total=True`` the series also gets ``total_peak_bytes``, the device's whole peak
+    (see :func:`device_total_peak`). ``device``: count only that device's allocations in the
+    series (see :func:`allocation_series`).
     An exception from ``fn`` propagates after the profiler is stopped.
     """
     import torch
 
-    run = run_memory_profiled(fn, details=categories, cuda=torch.cuda.is_available())
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    if on_gpu:
+        synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    details = categories or (total and not on_gpu)
+    # the fallback for a CPU total when torch cannot classify the run (see device_total_peak)
+    live_before = None
+    if total and not on_gpu:
+        import gc
+
+        gc.collect()  # garbage from earlier steps would count as live
+        live_before = live_tensor_bytes()
+    run = run_memory_profiled(fn, details=details, cuda=torch.cuda.is_available())
     if run.failure is not None:
         raise run.failure
-    series = allocation_series(run.profiler)
+    series = allocation_series(run.profiler, device=device)
     series.value = run.value
     by_category: dict[str, int] = {}
     resident = 0
-    if categories:
+    classified = False
+    if details:
         try:
             by_category, resident = peak_by_category(tensor_events(run.profiler).events)
+            classified = True
         except _TORCH_MEMORY_PROFILE_ERRORS:
             # torch's memory profiler is private API and may not classify every program;
             # the series is still valid without the split.
             by_category, resident = {}, 0
+    if total:
+        series.total_peak_bytes = device_total_peak(
+            series, by_category if classified else None, device=device if on_gpu else None,
+            live_before=live_before,
+        )
+    if not categories:
+        by_category, resident = {}, 0
     return series, by_category, resident
+
+
+def device_total_peak(
+    series: MemorySeries,
+    by_category: dict[str, int] | None,
+    *,
+    device: Any = None,
+    live_before: int | None = None,
+) -> int | None:
+    """The device's whole peak during a profiled run: what a memory budget is compared with.
+
+    On a GPU (``device`` given) it is ``torch.cuda.max_memory_allocated`` since the peak
+    statistics were reset before the run (the caller resets them). On the CPU, which keeps no
+    allocator statistics, it is the total torch's memory profiler classifies at its peak:
+    every tensor alive then, also those from before the run (parameters, optimizer state,
+    inputs); it agrees with ``torch.distributed._tools.mem_tracker.MemTracker``'s total
+    (tested). When torch's memory profiler cannot classify the run (private API; it fails on
+    some DeepSpeed ZeRO-3 steps), ``live_before`` (:func:`live_tensor_bytes` before the run)
+    plus the series' peak stands in: an upper bound, since frees of tensors from before the run
+    are not credited. Never below the series' own peak; None when neither is known.
+    """
+    import torch
+
+    if device is not None:
+        synchronize()
+        return max(int(torch.cuda.max_memory_allocated(device)), series.peak_bytes)
+    if by_category is None:
+        return None if live_before is None else live_before + series.peak_bytes
+    return max(sum(by_category.values()), series.peak_bytes)

@@ -357,6 +357,18 @@ class Cluster(ClusterTransfer, Result):
             attachment, self._attachment = self._attachment, None
             detach(attachment)
 
+    def plan_recompute(
+        self, model_fn: Callable[[], Any], batch_fn: Callable[[int], Any], **options: Any
+    ) -> Any:
+        """Blocks to recompute under DeepSpeed ZeRO so every rank's device stays under ``budget=``.
+
+        ``nbtoolkit.integrations.deepspeed.zero_plan_recompute(self, model_fn, batch_fn, **options)``:
+        ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
+        """
+        from nbtoolkit.model._providers import provided
+
+        return provided("Cluster.plan_recompute")(self, model_fn, batch_fn, **options)
+
     def __enter__(self) -> Cluster:
         return self
 

@@ -185,6 +185,39 @@ def _interface_with_address(ip: str) -> str | None:
     return None
 
 
+def _rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> Any:
+    """The torch.distributed rendezvous store; rank 0's listens on ``host`` (its cluster address) only.
+
+    torch's ``tcp://`` init method (and ``TCPStore(is_master=True)``) binds the store's server to
+    every interface of rank 0's machine, whatever host name it is given: anyone who can reach
+    the machine could read or write the group's keys. torch cannot be told which address to bind
+    (``TCPStore`` has no bind-address argument, torch 2.4 to 2.13), but it can be handed a
+    socket that is already listening (``master_listen_fd``, POSIX only): rank 0 binds that
+    socket to the address the other ranks connect to. Where ``master_listen_fd`` is missing
+    (Windows), the store falls back to torch's own (all interfaces).
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if rank != 0 or os.name != "posix":
+        return dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(max(128, world_size))
+    except BaseException:
+        listener.close()
+        raise
+    # detach(): the store owns the descriptor from here on (closing it is the store's job).
+    return dist.TCPStore(
+        host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=listener.detach()
+    )
+
+
 class RankActor:
     """One rank: its namespace, its process-group membership, its running cell."""
 
@@ -264,7 +297,7 @@ class RankActor:
                 dist.destroy_process_group()
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
+            store=_rendezvous_store(master_addr, master_port, self.rank, self.world_size, timeout_s),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),

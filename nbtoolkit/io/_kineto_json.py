@@ -15,11 +15,9 @@ which either reads it or names the exact problem in a TraceError.
 
 from __future__ import annotations
 
-import gzip
 import math
 import queue
 import threading
-import zlib
 from collections.abc import Iterator
 from functools import partial
 from itertools import compress
@@ -30,6 +28,8 @@ from typing import Any, BinaryIO, Protocol, Union
 import msgspec
 
 from nbtoolkit.errors import TraceError
+from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular, read_all, read_chunks
+from nbtoolkit.units import format_bytes
 
 __all__ = [
     "CHUNK_BYTES",
@@ -158,25 +158,26 @@ class NotATrace(Exception):
 
 
 def read_bytes(file: Path) -> bytes:
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{file}: cannot read the file ({exc.strerror or exc})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(
-                f"{file}: the gzip stream is truncated or corrupt ({exc}); copy the file again"
-            ) from None
-    if file.name.endswith(".gz"):
+    """The whole file, inflated if gzipped, within the read limit (:mod:`nbtoolkit.io.bounded`)."""
+    with open_regular(file, TraceError, "trace file") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+    if not gzipped and file.name.endswith(".gz"):
         raise TraceError(f"{file}: named .gz but is not gzip-compressed; rename it or compress it")
-    return raw
+    return read_all(
+        file,
+        TraceError,
+        "trace file",
+        on_corrupt_gzip=lambda detail: TraceError(
+            f"{file}: the gzip stream is truncated or corrupt ({detail}); copy the file again"
+        ),
+    )
 
 
 def decode_document(file: Path, data: bytes) -> Document:
-    if not data.strip():
+    if not data:
         raise TraceError(f"{file}: the file is empty; the profiler did not finish writing it")
+    if not data.strip():
+        raise TraceError(_only_whitespace(file, len(data)))
     try:
         doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
@@ -205,51 +206,46 @@ def decode_document(file: Path, data: bytes) -> Document:
     return doc
 
 
+def _only_whitespace(file: Path, size: int) -> str:
+    return (
+        f"{file}: holds no JSON value, only {format_bytes(size)} of whitespace; "
+        "it is not a profiler trace (or its writer failed)"
+    )
+
+
 class StreamingFallback(Exception):
     """The streaming reader cannot handle this file; decode it whole (exact error messages)."""
 
 
 def _pieces(file: Path) -> Iterator[bytes]:
-    """The decompressed bytes of the file, a few MB at a time.
+    """The decompressed bytes of the file, a few MB at a time, within the read limit.
 
     A gzip file is read and inflated in a background thread (file reads and zlib release
     the GIL), so decompression overlaps the decoding of the previous piece.
     """
-    try:
-        fh = file.open("rb")
-    except OSError as exc:
-        raise TraceError(f"{file}: cannot read the file ({exc.strerror or exc})") from None
+    fh = open_regular(file, TraceError, "trace file")
     gzipped = fh.read(2) == b"\x1f\x8b"
     fh.seek(0)
     if gzipped:
-        return _in_background(_inflate(fh))
+        # The limit is read here: the call's max_bytes= lives in this thread's context.
+        return _in_background(_inflate(fh, file, max_read_bytes()))
     if file.name.endswith(".gz"):
         fh.close()
         raise StreamingFallback
-    return _read(fh)
+    return _read(fh, file)
 
 
-def _read(fh: BinaryIO) -> Iterator[bytes]:
+def _read(fh: BinaryIO, file: Path) -> Iterator[bytes]:
     with fh:
-        while data := fh.read(CHUNK_BYTES):
-            yield data
+        yield from read_chunks(fh, file, TraceError, CHUNK_BYTES)
 
 
-def _inflate(fh: BinaryIO) -> Iterator[bytes]:
+def _inflate(fh: BinaryIO, file: Path, limit: int) -> Iterator[bytes]:
     with fh:
-        inflater = zlib.decompressobj(wbits=31)
-        while data := fh.read(1 << 20):
-            try:
-                out = inflater.decompress(data, CHUNK_BYTES)
-                while True:
-                    yield out
-                    if not inflater.unconsumed_tail:
-                        break
-                    out = inflater.decompress(inflater.unconsumed_tail, CHUNK_BYTES)
-            except zlib.error:
-                raise StreamingFallback from None
-        if not inflater.eof or inflater.unused_data:  # truncated, or several gzip members
-            raise StreamingFallback
+        try:
+            yield from inflate(fh, file, TraceError, CHUNK_BYTES, limit=limit)
+        except CorruptGzip:
+            raise StreamingFallback from None  # the whole-file read words the exact problem
 
 
 _DONE = object()
@@ -331,8 +327,11 @@ def stream_file(file: Path, columns: EventSink) -> Document:
     pieces = _pieces(file)
     buf = b""
     header = b""
+    seen = 0
     for piece in pieces:
-        buf += piece
+        seen += len(piece)
+        # Leading whitespace is dropped as it comes, so a file of nothing else costs no memory.
+        buf = (buf + piece) if buf else piece.lstrip(_WS)
         key = buf.find(b'"traceEvents"')
         if key < 0:
             if len(buf) > 64 * CHUNK_BYTES:
@@ -352,6 +351,8 @@ def stream_file(file: Path, columns: EventSink) -> Document:
         header, buf = buf[:key], buf[j:]  # buf starts with the array's "["
         break
     else:
+        if seen and not buf:
+            raise TraceError(_only_whitespace(file, seen))
         raise StreamingFallback
     # A bytearray so that chunks are decoded in place: the "," after a chunk's last event is
     # turned into "]" for the decode, then into the next chunk's "[" (no copies of the JSON).

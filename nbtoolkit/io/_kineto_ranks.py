@@ -8,6 +8,7 @@ notes say so.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import RankInfo
 
-__all__ = ["detect_device_type", "read_rank_info"]
+__all__ = ["check_same_job", "detect_device_type", "read_rank_info"]
 
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
@@ -78,3 +79,65 @@ def detect_device_type(info: RankInfo, frame: pd.DataFrame) -> str:
             return "rocm"
         return "cuda"
     return "gpu"
+
+
+def check_same_job(root: Path, info: dict[int, RankInfo]) -> None:
+    """Refuse a folder whose ranks' ``distributedInfo`` shows they come from different jobs.
+
+    Ranks of one job agree on the world size, the backend and the members of every process
+    group they both list; a rank number is below the world size. Fields a file does not
+    carry are not compared (older traces lack ``pg_config``, some lack everything). Loading
+    two jobs as one trace would compute overlap and stragglers across unrelated runs, so this
+    raises a TraceError naming the files of each side rather than splitting silently.
+    """
+    from nbtoolkit.errors import TraceError
+
+    def name(rank: int) -> str:
+        return Path(info[rank].source).name
+
+    problems: list[str] = []
+    for field, label in (("world_size", "world size"), ("backend", "backend")):
+        values: dict[object, list[int]] = {}
+        for rank in sorted(info):
+            value = getattr(info[rank], field)
+            if value is not None:
+                values.setdefault(value, []).append(rank)
+        if len(values) > 1:
+            problems.append(
+                f"{label} differs: "
+                + "; ".join(f"{value} in {_files(name, ranks)}" for value, ranks in values.items())
+            )
+    for rank in sorted(info):
+        world = info[rank].world_size
+        if world is not None and rank >= world:
+            problems.append(f"rank {rank} ({name(rank)}) is not below its world size {world}")
+    members: dict[str, dict[tuple[int, ...], list[int]]] = {}
+    for rank in sorted(info):
+        for group in info[rank].process_groups:
+            ranks = group.get("ranks")
+            if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+                members.setdefault(str(group.get("pg_name")), {}).setdefault(tuple(ranks), []).append(rank)
+    for pg_name, variants in members.items():
+        if len(variants) > 1:
+            problems.append(
+                f"process group {pg_name!r} has different members: "
+                + "; ".join(
+                    f"ranks {_short(list(ranks))} in {_files(name, holders)}"
+                    for ranks, holders in variants.items()
+                )
+            )
+    if problems:
+        raise TraceError(
+            f"{root}: these traces come from different jobs ({'; '.join(problems[:3])}"
+            f"{' ...' if len(problems) > 3 else ''}); overlap and stragglers across jobs mean nothing. "
+            "Put each job's traces in a folder of their own, or load the files one by one"
+        )
+
+
+def _files(name: Callable[[int], str], ranks: list[int]) -> str:
+    shown = ", ".join(name(r) for r in ranks[:3])
+    return shown + (f" and {len(ranks) - 3} more" if len(ranks) > 3 else "")
+
+
+def _short(ranks: list[int]) -> str:
+    return str(ranks) if len(ranks) <= 8 else f"[{', '.join(map(str, ranks[:8]))}, ...] ({len(ranks)})"

@@ -33,13 +33,18 @@ note. A path that does not exist, or a folder without any log, raises
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbtoolkit.errors import CompileLogError
+from nbtoolkit.io.bounded import max_read_bytes, open_regular, read_limit
 from nbtoolkit.io.compile_events import CompileEventParser
+from nbtoolkit.model.inputs import is_path, wrong_type
+from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
     from nbtoolkit.model.graphs import GraphReport
@@ -55,18 +60,26 @@ class CompileLogWarning(UserWarning):
     """Some lines of a TORCH_TRACE log were damaged and skipped (the report's notes list them)."""
 
 
-def load_compile_log(path: str | Path) -> GraphReport:
+def load_compile_log(path: str | Path, *, max_bytes: int | str | None = None) -> GraphReport:
     """Read a TORCH_TRACE log file, or a folder of per-rank logs, into a GraphReport.
 
     Folders: every ``*.log`` file with at least one structured record is read; the rank
     comes from ``rank_N`` in the file name, else from the records' ``rank`` field, and is
     the ``rank`` column of every frame (compile ids in ``report.compile_ids`` then read
     ``rank:x/y``). Other files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
-    ``path`` is missing or holds no readable log.
+    ``path`` is missing or holds no readable log, or a file is not a regular file (a FIFO, a
+    device) or larger than ``max_bytes`` (default ``NBT_MAX_READ_BYTES``, else 8 GiB; see
+    :mod:`nbtoolkit.io.bounded`).
     """
+    if not is_path(path):
+        raise wrong_type("load_compile_log()", "the path of a TORCH_TRACE .log file or of its folder", path)
+    with read_limit(max_bytes):
+        return _load(Path(path).expanduser())
+
+
+def _load(target: Path) -> GraphReport:
     from nbtoolkit.model.graphs import GraphReport
 
-    target = Path(path).expanduser()
     if not target.exists():
         raise CompileLogError(f"compile log not found: {target}. Pass a TORCH_TRACE .log file or its folder.")
     parser = CompileEventParser(source=str(target))
@@ -127,10 +140,15 @@ def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, mult
     """Feed every record of one file to the parser; returns how many records were read."""
     import orjson
 
-    try:
-        handle = file.open(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise CompileLogError(f"cannot read compile log {file}: {exc.strerror or exc}") from None
+    binary = open_regular(file, CompileLogError, "compile log")
+    size, limit = os.fstat(binary.fileno()).st_size, max_read_bytes()
+    if size > limit:  # logs are plain text, never inflated: the file's size is what would be read
+        binary.close()
+        raise CompileLogError(
+            f"{file} is {format_bytes(size)}, over the limit of {format_bytes(limit)} per file; "
+            "raise it with max_bytes= or the environment variable NBT_MAX_READ_BYTES"
+        )
+    handle = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
     skipped: list[str] = []
     mismatched: list[str] = []
     records = 0

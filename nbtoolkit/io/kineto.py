@@ -19,18 +19,22 @@ The cyclic garbage collector is paused while loading (the objects form no cycles
 from __future__ import annotations
 
 import gc
-from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from nbtoolkit.errors import NbtUsageError, TraceError
+from nbtoolkit.errors import TraceError
 from nbtoolkit.io._kineto_columns import EventColumns
 from nbtoolkit.io._kineto_json import NotATrace, StreamingFallback, decode_document, read_bytes, stream_file
-from nbtoolkit.io._kineto_ranks import detect_device_type, read_rank_info
+from nbtoolkit.io._kineto_ranks import check_same_job, detect_device_type, read_rank_info
+from nbtoolkit.io.bounded import read_limit
+from nbtoolkit.model._providers import provides
+from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.steps import host_steps, parse_profiler_step, steps_table
 from nbtoolkit.model.trace import Trace
 
 if TYPE_CHECKING:
+    from os import PathLike
+
     import pandas as pd
 
     from nbtoolkit.model.trace import RankInfo
@@ -42,7 +46,7 @@ _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 # ----------------------------------------------------------------------------- public
-def load_trace(path: str | Path | Trace) -> Trace:
+def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None = None) -> Trace:
     """Load a Kineto/Chrome trace file, or a folder of per-rank trace files, into a Trace.
 
     Args:
@@ -51,30 +55,40 @@ def load_trace(path: str | Path | Trace) -> Trace:
             are not profiler traces (e.g. execution traces), are skipped and named in
             ``Trace.notes``. A :class:`Trace` (already loaded) is returned unchanged, so
             callers that take "a trace or where to find one" need not tell them apart.
+        max_bytes: stop reading a file past this many (inflated) bytes; default the environment
+            variable ``NBT_MAX_READ_BYTES``, else 8 GiB (:mod:`nbtoolkit.io.bounded`).
 
     Raises:
-        TraceError: the path is missing, the folder holds no trace, a file is truncated,
-            corrupt or not a trace, two files claim the same rank, ranks use different
-            trace formats, a ProfilerStep label is malformed, an event has a missing or
-            negative duration, a number overflows int64, or a name is not valid UTF-8.
+        TraceError: the path is missing or not a regular file or folder (a FIFO, a device), a
+            file inflates past the read limit, the folder holds no trace, a file is truncated,
+            corrupt or not a trace, two files claim the same rank, ranks of a folder disagree
+            on their job (world size, backend, process groups), ranks use different trace
+            formats, a ProfilerStep label is malformed, an event has a missing or negative
+            duration, a number overflows int64, or a name is not valid UTF-8.
         NbtUsageError: ``path`` is neither a path nor a Trace.
     """
     if isinstance(path, Trace):
         return path
-    if not isinstance(path, (str, PathLike)):
-        raise NbtUsageError(
-            f"load_trace() takes the path of a .json/.json.gz trace or of a folder of them, or a Trace; "
-            f"got a {type(path).__name__}"
+    if not is_path(path):
+        raise wrong_type(
+            "load_trace()", "the path of a .json/.json.gz trace or of a folder of them, or a Trace", path
         )
     # The loader allocates hundreds of thousands of small objects that form no cycles; the
     # cyclic garbage collector would rescan them again and again (a third of the load time).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load(Path(path).expanduser())
+        with read_limit(max_bytes):
+            return _load(Path(path).expanduser())
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+@provides("Trace.from_path")
+def _trace_from_path(path: str | PathLike[str]) -> Trace:
+    """``as_trace`` (model.inputs) given a path: the analyses take a path as well as a Trace."""
+    return load_trace(path)
 
 
 def _load(root: Path) -> Trace:
@@ -128,6 +142,7 @@ def _load(root: Path) -> Trace:
             f"rank {r}: {info[r].trace_format} ({Path(info[r].source).name})" for r in sorted(info)
         )
         raise TraceError(f"{root}: ranks have different trace formats ({detail}); load them separately")
+    check_same_job(root, info)
     trace = Trace(events=events, info=info, collectives=collectives, notes=notes)
     # The step numbers were parsed while checking the labels: keep them, Trace.steps need not parse again.
     trace._steps = steps_table(file.steps for file in loaded)

@@ -16,6 +16,17 @@ resolves no global at all: only the pickle opcodes for builtin containers and sc
 names any module attribute (``os.system``, ``builtins.eval``, a torch class...) is
 refused before anything is imported or called.
 
+Bounded: files are opened and read through :mod:`nbtoolkit.io.bounded` (regular files only,
+at most ``NBT_MAX_READ_BYTES`` inflated). Unpickling itself cannot grow past the pickle: every
+opcode makes at most one object, so the objects are bounded by the file's size. What can grow
+is what a pickle *shares*: a 400 KB pickle whose segments list holds the same block list
+ten thousand times (memo references) unpickles to a few objects but would become millions of
+rows. So before any row is built the rows the snapshot stands for (segments, blocks, trace
+entries, annotations) are counted, without expanding anything, and a snapshot over
+``NBT_MAX_SNAPSHOT_ROWS`` (default 5 million, about five times the largest real snapshot of
+a full 8-GPU history; a row costs a few hundred bytes) is refused with a SnapshotError saying
+how to raise it (that variable, or ``max_rows=``).
+
 ``load_memory_timeline(path)`` reads the raw JSON of the profiler's
 ``export_memory_timeline`` (``.raw``/``.json``, optionally gzipped) or a timeline saved
 by ``MemoryTimeline.save``.
@@ -23,23 +34,33 @@ by ``MemoryTimeline.save``.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import SnapshotError
+from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
+from nbtoolkit.io.bounded import read_all, read_limit
+from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
+from nbtoolkit.units import parse_bytes
 
 if TYPE_CHECKING:
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.snapshot import MemorySnapshot
 
-__all__ = ["load_memory_snapshot", "load_memory_timeline", "restricted_loads"]
+__all__ = [
+    "DEFAULT_MAX_SNAPSHOT_ROWS",
+    "ENV_MAX_SNAPSHOT_ROWS",
+    "load_memory_snapshot",
+    "load_memory_timeline",
+    "restricted_loads",
+]
 
-_MAX_BYTES = 4 * 1024**3  # refuse to read absurd files into memory
+ENV_MAX_SNAPSHOT_ROWS = "NBT_MAX_SNAPSHOT_ROWS"
+DEFAULT_MAX_SNAPSHOT_ROWS = 5_000_000
 
 
 class _RefusingUnpickler(pickle.Unpickler):
@@ -88,16 +109,62 @@ def _read_bytes(path: Path, *, what: str = "memory snapshot") -> bytes:
         raise SnapshotError(f"no {what} at {path}: check the path")
     if path.is_dir():
         raise SnapshotError(f"{path} is a folder; pass one {what} file")
-    size = path.stat().st_size
-    if size > _MAX_BYTES:
-        raise SnapshotError(f"{path} is {size / 1024**3:.1f} GiB; snapshots above 4 GiB are not read")
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":  # gzip magic: some people compress their dumps
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise SnapshotError(f"{path} is a corrupt gzip file: {exc}") from None
-    return data
+    return read_all(
+        path,
+        SnapshotError,
+        what,
+        on_corrupt_gzip=lambda detail: SnapshotError(
+            f"{path} is a corrupt or truncated gzip file ({detail}); copy or dump the {what} again"
+        ),
+    )
+
+
+def _max_rows(max_rows: object) -> int:
+    """The row budget: ``max_rows=``, else ``NBT_MAX_SNAPSHOT_ROWS``, else the default."""
+    given = max_rows if max_rows is not None else os.environ.get(ENV_MAX_SNAPSHOT_ROWS, "").strip() or None
+    if given is None:
+        return DEFAULT_MAX_SNAPSHOT_ROWS
+    try:
+        value = parse_bytes(given, what="max_rows")  # plain numbers, and "5e6"
+    except NbtError:
+        value = 0
+    if value <= 0:
+        source = "max_rows" if max_rows is not None else ENV_MAX_SNAPSHOT_ROWS
+        raise NbtUsageError(f"{source}={given!r} must be a positive number of rows")
+    return value
+
+
+def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
+    """Refuse a snapshot that stands for more than ``limit`` rows, counting without expanding.
+
+    Only list lengths are read (a list shared a thousand times is counted a thousand times,
+    as building the rows would), so a pickle of shared references is refused in microseconds.
+    """
+    rows = 0
+
+    def length(value: Any) -> int:
+        return len(value) if isinstance(value, (list, tuple)) else 0
+
+    segments = snapshot.get("segments")
+    rows += length(segments)
+    for segment in segments if isinstance(segments, (list, tuple)) else []:
+        if isinstance(segment, dict):
+            rows += length(segment.get("blocks"))
+        if rows > limit:
+            break
+    traces = snapshot.get("device_traces")
+    for entries in traces if isinstance(traces, (list, tuple)) else []:
+        rows += length(entries)
+        if rows > limit:
+            break
+    rows += length(snapshot.get("external_annotations"))
+    if rows > limit:
+        raise SnapshotError(
+            f"{source} stands for more than {limit:,} rows (segments, blocks and trace entries, "
+            "counting lists the pickle shares each time they are referenced); real snapshots are far "
+            "smaller, so it is likely a pickle bomb. If it is real, raise the budget with max_rows= "
+            f"or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
+        )
 
 
 def _looks_like_json(data: bytes) -> bool:
@@ -121,21 +188,30 @@ def _as_snapshot_dict(raw: Any, source: str) -> dict[str, Any]:
     )
 
 
-def _from_raw(raw: Any, source: str, *, in_memory: bool = False) -> MemorySnapshot:
+def _from_raw(
+    raw: Any, source: str, *, in_memory: bool = False, max_rows: object = None
+) -> MemorySnapshot:
     """The snapshot from unpickled data; ``source`` names it in errors (and in the result, from a file)."""
     from nbtoolkit.model.snapshot import MemorySnapshot
 
     snapshot = _as_snapshot_dict(raw, source)
+    _count_rows(snapshot, source, _max_rows(max_rows))
     try:
         return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    # RecursionError: a value nested thousands deep, which str() cannot print
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
         raise SnapshotError(
             f"{source} looks like an allocator snapshot but a field is missing or malformed "
             f"({type(exc).__name__}: {exc})"
         ) from None
 
 
-def load_memory_snapshot(path: str | Path | MemorySnapshot | dict[str, Any] | list[Any]) -> MemorySnapshot:
+def load_memory_snapshot(
+    path: str | Path | MemorySnapshot | dict[str, Any] | list[Any],
+    *,
+    max_bytes: int | str | None = None,
+    max_rows: int | None = None,
+) -> MemorySnapshot:
     """A CUDA allocator snapshot as a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`, from wherever it is.
 
     Args:
@@ -145,33 +221,40 @@ def load_memory_snapshot(path: str | Path | MemorySnapshot | dict[str, Any] | li
             ``torch.cuda.memory._snapshot()`` returned (or the legacy list of segments), or
             a ``MemorySnapshot`` already loaded (returned as it is). So a notebook variable
             and a file on disk go through the same call (``%nbt snapshot`` takes either).
+        max_bytes: stop reading the file past this many (inflated) bytes; default
+            ``NBT_MAX_READ_BYTES``, else 8 GiB (:mod:`nbtoolkit.io.bounded`).
+        max_rows: refuse a snapshot standing for more segments + blocks + trace entries than
+            this; default ``NBT_MAX_SNAPSHOT_ROWS``, else 5 million (see the module docstring).
 
     Raises:
-        SnapshotError: the file is missing, corrupt, truncated, not a snapshot, or tries
-            to import or call anything when unpickled (it is then never run); the object
-            is not a snapshot.
+        SnapshotError: the file is missing, not a regular file, over the read limit, corrupt,
+            truncated, not a snapshot, over the row budget, or tries to import or call anything
+            when unpickled (it is then never run); the object is not a snapshot.
+        NbtUsageError: ``path`` is none of the above types.
     """
     from nbtoolkit.model.snapshot import MemorySnapshot
 
     if isinstance(path, MemorySnapshot):
         return path
     if isinstance(path, (dict, list)):  # what torch.cuda.memory._snapshot() returns, in memory
-        return _from_raw(path, "the snapshot given", in_memory=True)
-    if not isinstance(path, (str, Path)):
-        raise SnapshotError(
-            f"cannot read a memory snapshot from a {type(path).__name__}: pass a file path, the dict "
-            "from torch.cuda.memory._snapshot(), or a MemorySnapshot"
+        return _from_raw(path, "the snapshot given", in_memory=True, max_rows=max_rows)
+    if not is_path(path):
+        raise wrong_type(
+            "load_memory_snapshot()",
+            "a file path, the dict from torch.cuda.memory._snapshot(), or a MemorySnapshot",
+            path,
         )
     source = Path(path).expanduser()
     if source.is_dir() and (source / "snapshot.json").is_file():
         return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
-    data = _read_bytes(source)
+    with read_limit(max_bytes):
+        data = _read_bytes(source)
     if _looks_like_json(data):
         raise SnapshotError(
             f"{source} is JSON, not an allocator snapshot pickle; if it is the profiler's "
             "export_memory_timeline output, read it with nbt.load_memory_timeline(path)"
         )
-    return _from_raw(restricted_loads(data, name=str(source)), str(source))
+    return _from_raw(restricted_loads(data, name=str(source)), str(source), max_rows=max_rows)
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------
@@ -195,7 +278,7 @@ def _timeline_from_raw_export(rows: list[Any], source: Path) -> MemoryTimeline:
         array = np.asarray(rows, dtype="int64")
         if array.ndim != 2 or array.shape[1] != 4:
             raise ValueError(f"rows have shape {array.shape[1:]} instead of 4 fields")
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise SnapshotError(
             f"{source} is JSON but not export_memory_timeline raw output "
             f"([time_ns, action, bytes, category] rows): {exc}"
@@ -268,19 +351,23 @@ def _match_raw_identities(actions: list[int], sizes: list[int], categories: list
     return ids
 
 
-def load_memory_timeline(path: str | Path) -> MemoryTimeline:
+def load_memory_timeline(path: str | Path, *, max_bytes: int | str | None = None) -> MemoryTimeline:
     """Read a memory timeline: torch's ``export_memory_timeline`` raw JSON or a saved ``MemoryTimeline``.
 
     The raw export (``prof.export_memory_timeline("x.raw.json.gz")``, rows of
     ``[time_ns, action, bytes, category_index]``) keeps torch's categories exactly; times
     become microseconds since the first timed event, pre-existing memory sits at 0.
+    ``max_bytes``: as for :func:`load_memory_snapshot`.
     """
     from nbtoolkit.model.memory import MemoryTimeline
 
+    if not is_path(path):
+        raise wrong_type("load_memory_timeline()", "the path of a memory timeline file", path)
     source = Path(path).expanduser()
     if source.suffix == ".parquet":
         return MemoryTimeline.load(source)
-    data = _read_bytes(source, what="memory timeline")
+    with read_limit(max_bytes):
+        data = _read_bytes(source, what="memory timeline")
     if data[:4] == b"PAR1":
         return MemoryTimeline.load(source)
     if not _looks_like_json(data):
@@ -290,7 +377,7 @@ def load_memory_timeline(path: str | Path) -> MemoryTimeline:
         )
     try:
         rows = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise SnapshotError(f"{source} is corrupt or truncated JSON: {exc}") from None
     if (
         isinstance(rows, list)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import inspect
 import linecache
@@ -128,12 +129,52 @@ class MagicCall:
         body = compile(tree, CELL_FILENAME, "exec")
         tail = compile(last_expr, CELL_FILENAME, "eval") if last_expr is not None else None
         user_ns = self.user_ns
+        shell = self.shell
+        lines = linecache.cache[CELL_FILENAME]
 
         def run_cell() -> Any:
-            exec(body, user_ns)  # noqa: S102 - running the user's own cell is the point
-            return eval(tail, user_ns) if tail is not None else None  # noqa: S307 - same
+            try:
+                exec(body, user_ns)  # noqa: S102 - running the user's own cell is the point
+                return eval(tail, user_ns) if tail is not None else None  # noqa: S307 - same
+            except BaseException as exc:
+                show_user_frames_only(exc, shell, lines)
+                raise
 
         return run_cell
+
+
+def show_user_frames_only(exc: BaseException, shell: Any, lines: tuple[Any, ...]) -> None:
+    """Make IPython show ``exc`` (raised in a magic's cell) as it would in a plain cell.
+
+    Between the ``%%nbt`` line and the user's code lie IPython's magic machinery and
+    nbtoolkit's instruments (profiler, memory recorder): a plain cell shows none of them, and
+    remote cells already leave them out (``nbtoolkit.cluster.rank_actor``). IPython asks an
+    exception for ``_render_traceback_`` before formatting it; this sets one on the exception
+    object that formats its traceback from the cell's own frame on, with IPython's formatter
+    (colours, context lines), after putting the cell's lines back into ``linecache`` (a later
+    ``%%nbt`` cell reuses the file name). The exception itself is unchanged: same type, same
+    full ``__traceback__`` (``%debug`` still walks every frame). nbtoolkit's own errors keep
+    their one-line display; an exception without a ``__dict__`` keeps the full traceback.
+    """
+    from nbtoolkit.errors import NbtError
+
+    if isinstance(exc, NbtError) or shell is None or not hasattr(shell, "InteractiveTB"):
+        return
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != CELL_FILENAME:
+        tb = tb.tb_next
+    if tb is None:  # not raised from the cell's code (e.g. a KeyboardInterrupt in the instrument)
+        return
+    cell_tb = tb
+
+    def render() -> list[str]:
+        linecache.cache[CELL_FILENAME] = lines
+        shown: list[str] = shell.InteractiveTB.structured_traceback(type(exc), exc, cell_tb)
+        return shown
+
+    # An exception type without instance attributes keeps IPython's full traceback.
+    with contextlib.suppress(AttributeError, TypeError):
+        exc._render_traceback_ = render  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -170,12 +211,35 @@ class Subcommand:
             parser.add_argument(
                 "--name",
                 default="_nbt",
+                type=result_variable_name,
                 help="store the result in this notebook variable (default: _nbt)",
             )
         return parser
 
     def usage(self) -> str:
         return self.build_parser().format_usage().strip()
+
+
+def result_variable_name(text: str) -> str:
+    """``--name``: a plain identifier that is neither a keyword, a builtin nor a dunder.
+
+    The result is assigned into the user's namespace: ``--name __builtins__`` or ``--name print``
+    would replace what every later cell relies on, so such names are refused (argparse turns the
+    ArgumentTypeError into the usage error of the subcommand).
+    """
+    import builtins
+    import keyword
+
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Python variable name (letters, digits, _)")
+    if text.startswith("__") and text.endswith("__"):
+        raise argparse.ArgumentTypeError(f"{text!r} is a dunder name, which Python itself uses; pick another")
+    if hasattr(builtins, text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a Python builtin: storing the result there would hide it in every later cell; "
+            "pick another name"
+        )
+    return text
 
 
 _SUBCOMMANDS: dict[str, Subcommand] = {}

@@ -58,7 +58,11 @@ register(
         arguments=(
             _MODEL,
             _STEP,
-            Argument("--budget", default=None, help="peak step memory, e.g. 1.5GB or 800MiB (default: none)"),
+            Argument(
+                "--budget", default=None,
+                help="the device's total peak memory (parameters, gradients and optimizer state count), "
+                "e.g. 1.5GB, 800MiB, or on a GPU 90%% (default: none)",
+            ),
             _BLOCKS,
         ),
         handler=_plan,

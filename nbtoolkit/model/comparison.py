@@ -48,6 +48,10 @@ class Measurement:
             when the step allocates them anew). Summed per allocation from the allocator events
             of ``torch.profiler(profile_memory=True)``; see ``nbtoolkit.optimizations.measure``.
         resident_bytes: bytes live when the step started (parameters, optimizer state, ...).
+        total_peak_bytes: the device's whole peak during the profiled step: everything allocated
+            then, parameters, gradients and optimizer state included (``torch.cuda.max_memory_allocated``
+            on a GPU, the total torch's memory profiler classifies on the CPU). What a memory budget
+            is compared with. None when it was not measured.
         peak_by_category: bytes per torch memory category (``torch.profiler._memory_profiler``:
             PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL,
             unknown) alive at the moment of the peak. Empty when it was not measured.
@@ -68,6 +72,7 @@ class Measurement:
     step_cpu_time_s: float | None = None
     peak_bytes: int = 0
     resident_bytes: int = 0
+    total_peak_bytes: int | None = None
     peak_by_category: dict[str, int] = field(default_factory=dict)
     compile_time_s: float | None = None
     graph_count: int | None = None
@@ -105,6 +110,7 @@ class Measurement:
             ("step time spread (IQR)", self.step_time_spread_s, format_seconds(self.step_time_spread_s)),
             ("step CPU time (median)", self.step_cpu_time_s, format_seconds(self.step_cpu_time_s)),
             ("peak memory", self.peak_bytes, format_bytes(self.peak_bytes)),
+            ("peak memory, device total", self.total_peak_bytes, format_bytes(self.total_peak_bytes)),
         ]
         for category in sorted(self.peak_by_category) if categories is None else categories:
             nbytes = self.peak_by_category.get(category)
@@ -131,6 +137,22 @@ class Measurement:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def _quartiles(m: Measurement) -> tuple[float, float]:
+    """The middle half (25th to 75th percentile) of a measurement's step times.
+
+    From the timed steps when there are several; else (a loaded comparison without them) the
+    median plus or minus half the stored interquartile range.
+    """
+    import numpy as np
+
+    times = [t for t in m.step_times_s if isinstance(t, (int, float)) and math.isfinite(t)]
+    if len(times) >= 2:
+        low, high = np.percentile(times, [25, 75])
+        return float(low), float(high)
+    half = max(m.step_time_spread_s or 0.0, 0.0) / 2
+    return m.step_time_s - half, m.step_time_s + half
+
+
 def _change(before: Any, after: Any) -> str:
     """after/before as a ratio (``0.62×``) for positive numbers; blank otherwise."""
     if isinstance(before, bool) or isinstance(after, bool):
@@ -149,6 +171,12 @@ class Comparison(Result):
     :class:`~nbtoolkit.model.plan.RecomputePlan` used, if any (not saved by :meth:`save`).
     ``applied`` is the handle of the changes when ``optimize(..., undo=False)`` kept them
     (call ``comparison.applied.undo()`` to restore the model), else None.
+    ``nothing_applied`` says why nothing was changed (``optimize`` found nothing to apply):
+    then the two measurements are of the same step and the summary claims no speed-up.
+
+    Step-time differences inside the measured noise are flagged as noise
+    (:attr:`time_within_noise`): when the middle halves (25th to 75th percentile) of the
+    two measurements' step times overlap, the medians' ratio is not told as a speed-up.
     """
 
     before: Measurement
@@ -157,6 +185,14 @@ class Comparison(Result):
     plan: Any = None
     notes: list[str] = field(default_factory=list)
     applied: Any = None
+    nothing_applied: str | None = None
+
+    @property
+    def time_within_noise(self) -> bool:
+        """True when the step times' middle halves overlap: the difference is measurement noise."""
+        b_low, b_high = _quartiles(self.before)
+        a_low, a_high = _quartiles(self.after)
+        return a_low <= b_high and b_low <= a_high
 
     @property
     def speedup(self) -> float:
@@ -184,13 +220,24 @@ class Comparison(Result):
             # the losses come from different training steps (the after-steps continue training),
             # so their ratio is not an effect of the change: no ratio shown for them
             change = "" if name == "final loss" else _change(b_raw, a_raw)
+            if name == "step time (median)" and change and self.time_within_noise:
+                change += " (noise)"
             records.append({"metric": name, "before": b_shown, "after": a_shown, "change": change})
         return pd.DataFrame.from_records(records, columns=["metric", "before", "after", "change"])
 
     def _summary(self) -> str:
+        times = f"{format_seconds(self.before.step_time_s)} -> {format_seconds(self.after.step_time_s)}"
+        if self.nothing_applied:
+            return (
+                f"nothing to apply ({self.nothing_applied}); the same step measured twice: "
+                f"step time {times}, the difference is measurement noise"
+            )
+        if self.time_within_noise:
+            speed = f"{self.speedup:.2f}×, within the measured noise: no speed-up shown"
+        else:
+            speed = f"{self.speedup:.2f}× speed"
         return (
-            f"step time {format_seconds(self.before.step_time_s)} -> {format_seconds(self.after.step_time_s)}"
-            f" ({self.speedup:.2f}× speed), peak {format_bytes(self.before.peak_bytes)} -> "
+            f"step time {times} ({speed}), peak {format_bytes(self.before.peak_bytes)} -> "
             f"{format_bytes(self.after.peak_bytes)} ({self.memory_ratio:.2f}× memory)"
         )
 
@@ -225,6 +272,7 @@ class Comparison(Result):
             "after": self.after.to_dict(),
             "changes": list(self.changes),
             "notes": list(self.notes),
+            "nothing_applied": self.nothing_applied,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -245,6 +293,7 @@ class Comparison(Result):
                 after=Measurement.from_dict(data["after"]),
                 changes=list(data.get("changes", [])),
                 notes=list(data.get("notes", [])),
+                nothing_applied=data.get("nothing_applied"),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

@@ -14,8 +14,11 @@ highest live total measured in it. Checkpointing a set S of blocks gives the pre
               + max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
 
 and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``.
-``fixed_bytes`` is memory no checkpointing changes; it is 0 for the plans ``plan_recompute``
-makes today (their budget counts what the step allocates above what was live before it).
+``fixed_bytes`` is device memory no checkpointing changes (parameters, optimizer state,
+inputs). ``budget_kind`` says what the budget and every peak count: ``"total"`` (the default)
+the device's whole peak, what ``torch.cuda.max_memory_allocated`` reports on a GPU and
+MemTracker's total on the CPU; ``"step"`` only what the step allocates above what was live
+before it (then ``fixed_bytes`` is 0).
 """
 
 from __future__ import annotations
@@ -51,11 +54,11 @@ class Undoable(Protocol):
 
 @dataclass(repr=False)  # the Result mixin's repr (a summary) must win over dataclass's
 class RecomputePlan(Result):
-    """Blocks to checkpoint so the step's peak memory stays under ``budget_bytes``.
+    """Blocks to checkpoint so the peak memory stays under ``budget_bytes``.
 
     Attributes:
         blocks: names (as in ``model.named_modules()``) of the blocks to checkpoint, in model order.
-        budget_bytes: the budget the plan was made for (peak step memory, bytes).
+        budget_bytes: the budget the plan was made for, in bytes of the peak ``budget_kind`` names.
         predicted_peak_bytes: peak(blocks) from the memory model above.
         predicted_overhead_s: extra seconds per step: the sum of the chosen blocks' ``recompute_time_s``.
         baseline_peak_bytes: the measured peak without any checkpointing (plus ``fixed_bytes``).
@@ -72,8 +75,9 @@ class RecomputePlan(Result):
         measured_peak_bytes: the peak measured with the plan applied (None if not verified).
         solver: how the set was chosen.
         notes: what the planner wants you to know (candidates dropped, budget tightened ...).
-        fixed_bytes: bytes added to every predicted peak, which no checkpointing changes (0
-            unless the solver was given some).
+        fixed_bytes: bytes added to every predicted peak, which no checkpointing changes
+            (parameters, optimizer state, inputs; 0 for a ``"step"`` budget).
+        budget_kind: ``"total"`` (the device's whole peak) or ``"step"`` (the step's own peak).
     """
 
     blocks: list[str]
@@ -89,10 +93,11 @@ class RecomputePlan(Result):
     solver: str = "integer linear program (PuLP + CBC)"
     notes: list[str] = field(default_factory=list)
     fixed_bytes: int = 0
+    budget_kind: str = "total"
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
-        """Predicted peak step memory (bytes) when exactly ``blocks`` are checkpointed."""
+        """Predicted peak (bytes, the kind ``budget_kind`` names) when exactly ``blocks`` are checkpointed."""
         saved = dict(zip(self.candidates["block"], self.candidates["saved_bytes"], strict=True))
         chosen = set(blocks)
         peak = 0
@@ -158,13 +163,18 @@ class RecomputePlan(Result):
         measured = (
             f", {format_bytes(self.measured_peak_bytes)} measured" if self.measured_peak_bytes else ""
         )
+        counted = "total peak" if self.budget_kind == "total" else "step's own peak"
         head = (
             f"RecomputePlan: checkpoint {len(self.blocks)} of {len(self.candidates)} blocks "
-            f"for a budget of {format_bytes(self.budget_bytes)}"
+            f"for a budget of {format_bytes(self.budget_bytes)} ({counted})"
+        )
+        fixed = (
+            f" (of which {format_bytes(self.fixed_bytes)} fixed: parameters, optimizer state, inputs)"
+            if self.fixed_bytes else ""
         )
         peak = (
             f"  peak   {format_bytes(self.baseline_peak_bytes)} -> "
-            f"{format_bytes(self.predicted_peak_bytes)} predicted{measured}"
+            f"{format_bytes(self.predicted_peak_bytes)} predicted{measured}{fixed}"
         )
         overhead = (
             f"  time   +{format_seconds(self.predicted_overhead_s)} per step predicted "
@@ -230,6 +240,7 @@ class RecomputePlan(Result):
             "solver": self.solver,
             "notes": list(self.notes),
             "fixed_bytes": int(self.fixed_bytes),
+            "budget_kind": self.budget_kind,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -262,6 +273,8 @@ class RecomputePlan(Result):
                 solver=str(data.get("solver", "")),
                 notes=list(data.get("notes", [])),
                 fixed_bytes=int(data.get("fixed_bytes", 0)),
+                # plans saved before budgets counted the device's total were step budgets
+                budget_kind=str(data.get("budget_kind", "step")),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

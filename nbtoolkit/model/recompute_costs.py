@@ -11,15 +11,18 @@ the step splits into *phases*, stretches with one set of *alive* blocks (a block
 from the end of its forward to the start of its backward); ``phase_bytes[p]`` is the highest
 live total measured in phase ``p``. Checkpointing a set S gives the predicted peak
 ``fixed + max_p (phase_bytes[p] - sum of saved_bytes[i] for i in S alive in p)``, where
-``fixed`` is memory no checkpointing changes (0 today: budgets count the step's own
-allocations) and the predicted overhead is the sum of the chosen ``recompute_time_s``.
+``fixed`` (``fixed_bytes``) is the device memory outside the step's own allocations that no
+checkpointing changes (parameters, optimizer state, inputs: the device's total at the
+baseline peak minus the step's own peak), and the predicted overhead is the sum of the
+chosen ``recompute_time_s``. A budget of the device's whole peak counts ``fixed``; a budget
+of the step's own memory (``step_budget_bytes``) leaves it out.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
@@ -52,6 +55,11 @@ class RecomputeCosts:
         baseline_peak_bytes: the measured peak without checkpointing; default the highest phase.
         baseline_step_time_s: the measured median step time without checkpointing.
         notes: what the measurement wants the reader of the plan to know.
+        fixed_bytes: device memory outside ``phase_bytes`` that checkpointing never changes
+            (the baseline's total peak minus its own peak); 0 when the total was not measured.
+        fixed_by_category: what makes up the fixed memory and the gradients, for messages:
+            ``parameter``, ``optimizer_state``, ``input``, ``gradient`` (bytes of the trainable
+            parameters' gradients, made during backward) as far as they were measured.
 
     Lists are accepted and kept as tuples; wrong lengths, unknown block names in
     ``phase_alive`` and negative numbers raise NbtUsageError.
@@ -67,6 +75,8 @@ class RecomputeCosts:
     baseline_peak_bytes: int | None = None
     baseline_step_time_s: float = 0.0
     notes: tuple[str, ...] = ()
+    fixed_bytes: int = 0
+    fixed_by_category: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         blocks = (self.blocks,) if isinstance(self.blocks, str) else tuple(self.blocks)
@@ -97,9 +107,46 @@ class RecomputeCosts:
         if self.baseline_peak_bytes is None:
             set_(self, "baseline_peak_bytes", max(phase_bytes, default=0))
         set_(self, "notes", tuple(self.notes))
+        set_(self, "fixed_bytes", _numbers("fixed_bytes", (self.fixed_bytes,), int, None)[0])
+        set_(self, "fixed_by_category", {str(k): int(v) for k, v in dict(self.fixed_by_category).items()})
 
     @property
     def alive_indices(self) -> list[frozenset[int]]:
         """``phase_alive`` as sets of positions in ``blocks`` (what the solver works on)."""
         position = {name: i for i, name in enumerate(self.blocks)}
         return [frozenset(position[b] for b in alive) for alive in self.phase_alive]
+
+    @classmethod
+    def worst_of(cls, per_rank: list[RecomputeCosts]) -> RecomputeCosts:
+        """One table that keeps every rank's prediction safe: what one plan for all ranks is solved on.
+
+        Each rank's phases are kept, with that rank's fixed bytes added (so ``fixed_bytes`` is 0):
+        a plan fits the budget only if it fits on every rank. Per block the saving is the
+        smallest over ranks and the recompute time the largest (the slowest rank sets the step).
+        The blocks must be the same on every rank.
+        """
+        if not per_rank:
+            raise NbtUsageError("no per-rank measurements to combine")
+        first = per_rank[0]
+        for costs in per_rank[1:]:
+            if costs.blocks != first.blocks:
+                raise NbtUsageError(
+                    f"ranks measured different blocks ({list(first.blocks)} vs {list(costs.blocks)}): "
+                    "every rank must build the same model"
+                )
+        n = len(first.blocks)
+        categories = sorted({k for c in per_rank for k in c.fixed_by_category})
+        return cls(
+            blocks=first.blocks,
+            modules=first.modules,
+            saved_bytes=tuple(min(c.saved_bytes[i] for c in per_rank) for i in range(n)),
+            recompute_time_s=tuple(max(c.recompute_time_s[i] for c in per_rank) for i in range(n)),
+            forward_time_s=tuple(max(c.forward_time_s[i] for c in per_rank) for i in range(n)),
+            phase_bytes=tuple(c.fixed_bytes + level for c in per_rank for level in c.phase_bytes),
+            phase_alive=tuple(alive for c in per_rank for alive in c.phase_alive),
+            baseline_peak_bytes=max(c.fixed_bytes + int(c.baseline_peak_bytes or 0) for c in per_rank),
+            baseline_step_time_s=max(c.baseline_step_time_s for c in per_rank),
+            notes=tuple(dict.fromkeys(note for c in per_rank for note in c.notes)),
+            fixed_bytes=0,
+            fixed_by_category={k: max(c.fixed_by_category.get(k, 0) for c in per_rank) for k in categories},
+        )

@@ -55,7 +55,7 @@ _SETTING_DEFAULTS: dict[str, Any] = {
 }
 
 
-def settings_from_env(recompute: Any, budget_bytes: Any) -> tuple[Any, int | None]:
+def settings_from_env(recompute: Any, budget_bytes: Any) -> tuple[Any, Any]:
     """Deprecated: use ``OptimizeConfig.from_env(recompute=..., budget_bytes=...)``.
 
     (recompute, budget) after applying the environment switch to arguments left as None.
@@ -114,7 +114,8 @@ def optimize(
         recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes`` with
             :func:`~nbtoolkit.optimizations.recompute.plan_recompute`); or a list of module names
             to checkpoint.
-        budget_bytes: peak step memory for ``recompute="auto"`` (bytes or ``"1.5GB"``).
+        budget_bytes: the device's total peak for ``recompute="auto"`` (bytes, ``"1.5GB"``, or on a
+            GPU a share such as ``"90%"``): parameters, gradients and optimizer state count.
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
         steps, warmup: timed steps and warm-up steps of each measurement (default 5 and 2).
         undo: restore the model at the end (default); False keeps the changes (``.applied``).
@@ -162,7 +163,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     if names is not None:
         resolve_blocks(module, names)  # fail before measuring anything
     auto = config.recompute == "auto"
-    budget = config.budget_bytes
+    budget: Any = config.budget_bytes  # bytes, or a share of the device until the plan resolves it
     compile_opts = config.compile_options
     measure = config.measure
     plan_runs = _PLAN_RUNS if auto else 0
@@ -199,6 +200,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
                     report(offset + round(plan_runs * done / max(of, 1)), total, f"plan: {what}")
 
             plan = plan_recompute(module, step, budget, config=config.plan, progress=plan_progress)
+            budget = plan.budget_bytes  # a share of the device ("90%") is now bytes of it
             names = list(plan.blocks)
             if not names:
                 notes.append(
@@ -223,9 +225,10 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
         _restore_state(module, initial_state)
         raise
     _restore_state(module, initial_state)  # measuring must not train the user's model
-    if budget is not None and auto and after.peak_bytes > budget:
+    after_total = after.total_peak_bytes if after.total_peak_bytes is not None else after.peak_bytes
+    if budget is not None and auto and after_total > budget:
         notes.append(
-            f"measured peak {format_bytes(after.peak_bytes)} is over the budget {format_bytes(budget)} "
+            f"measured total peak {format_bytes(after_total)} is over the budget {format_bytes(budget)} "
             "with all changes applied (compile/AMP change memory too)"
         )
     changes = list(applied.changes)
@@ -238,7 +241,22 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
         handle = None
     else:
         handle = applied
-    return Comparison(before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle)
+    return Comparison(
+        before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle,
+        nothing_applied=None if changes else _why_nothing_applied(module, config, plan),
+    )
+
+
+def _why_nothing_applied(module: Any, config: OptimizeConfig, plan: Any) -> str:
+    """Why optimize() changed nothing, in words (the Comparison then claims no speed-up)."""
+    reasons = []
+    if not any(True for _ in module.parameters()):
+        reasons.append("the model has no parameters")
+    if plan is not None and not plan.blocks:
+        reasons.append("the recompute plan chose no block (the step already fits the budget)")
+    elif config.recompute is None and config.compile_options is None and config.amp is None:
+        reasons.append("no change was asked for: pass compile=True, recompute=... or amp=...")
+    return "; ".join(reasons) or "no change applied"
 
 
 def _copy_state(module: Any) -> dict[str, Any]:

@@ -9,8 +9,8 @@ always win over it. The variables:
     ``auto``: plan recomputation under ``NBTOOLKIT_MEMORY_BUDGET`` (``OptimizeConfig.recompute``);
     ``off``/``none``/``0``/``false``/``no`` or empty: no recomputation.
 ``NBTOOLKIT_MEMORY_BUDGET``
-    the peak step memory for ``recompute="auto"``: bytes, or text like ``1.5GB`` / ``1400MiB``
-    (``OptimizeConfig.budget_bytes``).
+    the device's total peak for ``recompute="auto"``: bytes, text like ``1.5GB`` / ``1400MiB``,
+    or on a GPU a share of its memory like ``90%`` (``OptimizeConfig.budget_bytes``).
 ``NBTOOLKIT_MEASURE_STEPS``
     timed steps of each measurement (``MeasureConfig.steps``), a whole number >= 1.
 ``NBTOOLKIT_MEASURE_WARMUP``
@@ -31,7 +31,7 @@ from typing import Any
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.optimizations.amp import AMP_DTYPES
 from nbtoolkit.optimizations.compile import compile_options
-from nbtoolkit.units import parse_bytes
+from nbtoolkit.units import DeviceShare, parse_budget
 
 __all__ = [
     "ENV_BUDGET",
@@ -165,7 +165,8 @@ class OptimizeConfig:
             options (``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``options``).
         recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes``); or the
             module names to checkpoint (kept as a tuple).
-        budget_bytes: peak step memory for ``recompute="auto"``: bytes, or text like ``"1.5GB"``
+        budget_bytes: the device's total peak for ``recompute="auto"``: bytes, text like ``"1.5GB"``,
+            or on a GPU a share of its memory like ``"90%"``
             (kept as int bytes).
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
         undo: restore the model at the end; False keeps the changes (``comparison.applied``).
@@ -175,7 +176,7 @@ class OptimizeConfig:
 
     compile: bool | str | dict[str, Any] | None = False
     recompute: str | tuple[str, ...] | None = None
-    budget_bytes: int | None = None
+    budget_bytes: int | DeviceShare | None = None
     amp: str | None = None
     undo: bool = True
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -186,7 +187,7 @@ class OptimizeConfig:
         if self.amp is not None and self.amp not in AMP_DTYPES:
             raise NbtUsageError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
         if self.budget_bytes is not None:
-            object.__setattr__(self, "budget_bytes", parse_bytes(self.budget_bytes))
+            object.__setattr__(self, "budget_bytes", parse_budget(self.budget_bytes))
         recompute = self.recompute
         wrong = "recompute must be None, 'auto' or a list of module names, got"
         if isinstance(recompute, str) and recompute != "auto":
@@ -229,7 +230,7 @@ class OptimizeConfig:
                     f"(plan recomputation under {ENV_BUDGET}) or 'off'"
                 )
         if "budget_bytes" not in fields and env.get(ENV_BUDGET, "").strip():
-            fields["budget_bytes"] = parse_bytes(env[ENV_BUDGET], what=ENV_BUDGET)
+            fields["budget_bytes"] = parse_budget(env[ENV_BUDGET], what=ENV_BUDGET)
         if "measure" not in fields:
             fields["measure"] = MeasureConfig.from_env(environ=env)
         return cls(**fields)

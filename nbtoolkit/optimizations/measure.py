@@ -17,6 +17,10 @@ What is measured, and how:
   a size). It is exact on the CPU, where torch keeps no allocator statistics of its own; on
   a GPU it matches ``torch.cuda.max_memory_allocated() - memory_allocated()`` taken before
   the step, up to those uncredited frees.
+* **Device total**: ``total_peak_bytes`` is the device's whole peak in the same profiled
+  step, what a memory budget is compared with: ``torch.cuda.max_memory_allocated`` on a GPU,
+  and on the CPU the total torch's memory profiler classifies at its peak (everything alive,
+  parameters and optimizer state included; it agrees with torch's MemTracker).
 * **Peak by category**: the same profiled step also records shapes and stacks, so
   torch's own memory profiler (the one behind ``export_memory_timeline``) classifies every
   tensor as PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT or
@@ -95,15 +99,28 @@ def loss_value(value: Any) -> float | None:
 
 
 def profile_memory_series(
-    step: Callable[[], Any], *, categories: bool = False
+    step: Callable[[], Any], *, categories: bool = False, total: bool = False, device: Any = None
 ) -> tuple[MemorySeries, dict[str, int], int]:
     """One step under the memory profiler (``nbtoolkit.capture.memory_profile.profile_memory_series``).
 
     Returns (the allocator series with markers and the step's value, bytes per torch
     category at the classified peak or ``{}``, bytes that existed before the step or 0);
-    an exception from the step becomes one NbtUsageError (:func:`run_step`).
+    ``total=True`` also measures the device's whole peak (``series.total_peak_bytes``);
+    ``device`` limits the series to that device's allocations.
+    An exception from the step becomes one NbtUsageError (:func:`run_step`).
     """
-    return memory_profile.profile_memory_series(lambda: run_step(step), categories=categories)
+    return memory_profile.profile_memory_series(
+        lambda: run_step(step), categories=categories, total=total, device=device
+    )
+
+
+def _gpu_in_use() -> Any:
+    """The current GPU when CUDA is in use (its total peak is then the allocator's), else None."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 def _dynamo_counts() -> tuple[int, dict[str, int]]:
@@ -233,8 +250,11 @@ def measure_step(
         add_step_metrics(measurement, step, tokens_per_step=settings.tokens_per_step)  # a row, never an error
         tick("FLOP-counted step")
     if settings.memory:
-        series, by_category, resident = profile_memory_series(step, categories=settings.categories)
+        series, by_category, resident = profile_memory_series(
+            step, categories=settings.categories, total=True, device=_gpu_in_use()
+        )
         measurement.peak_bytes = series.peak_bytes
+        measurement.total_peak_bytes = series.total_peak_bytes
         measurement.resident_bytes = resident
         measurement.peak_by_category = by_category
         measurement.losses.append(loss_value(series.value))

@@ -29,20 +29,25 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    block's output). Block ``i`` is *alive* from its forward's end to its backward's start:
    that is when checkpointing it holds less memory. The step splits into *phases*, stretches
    with one alive set ``A_p``; ``P_p`` is the highest ``L(t)`` measured in phase ``p``.
+   The same step is measured whole: the device's total peak ``T`` (``max_memory_allocated``
+   on a GPU, the total torch's memory profiler classifies on the CPU, which matches
+   MemTracker's), so ``F = T - max L`` is what the device holds that the step did not
+   allocate and no recomputation changes (parameters, optimizer state, inputs).
 4. **Savings.** For each candidate alone: checkpoint it, run one profiled step, and read the
    live total at the end of the last block's forward (all blocks alive there).
    ``s_i = L_baseline - L_checkpointed(i)``: the bytes of activations the block no longer
    keeps, net of the inputs the checkpoint keeps instead. Memory is deterministic, so one
    run each is enough.
-5. **Model.** Checkpointing a set S gives the peak ``max_p (P_p - sum_{i in S ∩ A_p} s_i)``: each
+5. **Model.** Checkpointing a set S gives the peak ``F + max_p (P_p - sum_{i in S ∩ A_p} s_i)``
+   (without ``F`` for a budget of the step's own memory, ``step_budget_bytes``): each
    phase keeps its measured level minus the savings of the checkpointed blocks alive in it.
    During a checkpointed block's own backward its activations are rebuilt, which the model
    covers because the block is not alive there. The peak is *not* the baseline peak minus
    the sum of savings: a block saves nothing in phases where it is not alive, and the peak
    can move to another phase (the backward of the first blocks, the optimizer step).
 6. **Solver: an exact integer linear program** (PuLP with the CBC solver it ships):
-   binary ``x_i``; minimise ``sum t_i x_i``; subject to, for every phase with ``P_p > budget``,
-   ``sum_{i in A_p} s_i x_i >= P_p - budget``. An ILP rather than dynamic programming because
+   binary ``x_i``; minimise ``sum t_i x_i``; subject to, for every phase with ``F + P_p > budget``,
+   ``sum_{i in A_p} s_i x_i >= F + P_p - budget``. An ILP rather than dynamic programming because
    the savings are byte counts (a DP over them needs rounding to a grid, which loses
    exactness or explodes the table), and because the alive sets need not be nested prefixes
    (blocks named by the user may run in any order): the ILP takes any phase structure as is.
@@ -50,9 +55,10 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
 7. **Trade-off front.** Solving again with the budget just below the last plan's predicted
    peak walks the exact Pareto front, from no checkpointing to the lowest reachable peak.
 8. **Verification** (``verify=True``). The chosen plan is applied and one profiled step
-   measures its real peak. If that is above the budget (a block's rebuilt activations can
-   overlap with others' in ways the model rounds away), the plan is re-solved with the
-   budget lowered by the overshoot, up to three times, and the measured peak is recorded.
+   measures its real peak (the device's total, or the step's own for a step budget). If that
+   is above the budget (a block's rebuilt activations can overlap with others' in ways the
+   model rounds away), the plan is re-solved with the budget lowered by the overshoot, up to
+   three times, and the measured peak is recorded.
 
 The model is left as it was (hooks removed, checkpoint wrappers undone) also on errors.
 Steps run for real: the optimizer updates the weights, as in your training loop.
@@ -74,6 +80,7 @@ from nbtoolkit.analysis.recompute import (
     solve_recompute,
     tradeoff_front,
 )
+from nbtoolkit.capture.device_memory import budget_bytes_for, model_device
 from nbtoolkit.errors import NbtUsageError, PlanError
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.model.recompute_costs import RecomputeCosts
@@ -130,21 +137,26 @@ def plan_recompute(
     step: Any,
     budget_bytes: Any = None,
     *,
+    step_budget_bytes: Any = None,
     blocks: Sequence[str] | None = None,
     steps: int = 5,
     verify: bool = True,
     progress: Progress | None = None,
     config: RecomputeConfig | None = None,
 ) -> RecomputePlan:
-    """Measure the candidate blocks and choose the cheapest set to checkpoint under ``budget_bytes``.
+    """Measure the candidate blocks and choose the cheapest set to checkpoint under a memory budget.
 
     Args:
         model: the ``torch.nn.Module`` the step trains.
         step: zero-argument callable running one training step (forward, backward, optimizer).
-        budget_bytes: the peak step memory to stay under: bytes, or text like ``"1.5GB"``.
-            It counts what the step allocates above what is live before it (see
-            ``Measurement.peak_bytes``). None: plan nothing, but measure the candidates and the
+        budget_bytes: the device's total peak to stay under, everything allocated at the step's
+            peak (parameters, gradients, optimizer state, activations, temporaries): what
+            ``torch.cuda.max_memory_allocated`` reports on a GPU and torch's MemTracker's total on
+            the CPU. Bytes, text like ``"70GB"``, or on a GPU a share of its memory like ``"90%"``.
+            None (and no ``step_budget_bytes``): plan nothing, but measure the candidates and the
             whole trade-off front (what the panel starts from).
+        step_budget_bytes: instead of ``budget_bytes``, a budget for the step's own peak: what it
+            allocates above what was live before it (``Measurement.peak_bytes``).
         blocks: candidate module names (``model.named_modules()`` paths); default: the repeated blocks.
         steps: timing rounds (each: one plain step and one step per candidate checkpointed).
         verify: apply the chosen plan and measure its real peak (step 8).
@@ -154,13 +166,13 @@ def plan_recompute(
     Raises:
         NbtUsageError: not a module, not a callable step, the step raised, bad block names or budget.
         PlanError: no repeated blocks to choose from, or no plan reaches the budget (the message
-            gives the lowest reachable peak).
+            gives the lowest reachable peak, what of it is fixed and what would lower that).
 
     The algorithm is written out in the module docstring.
     """
     module = check_module(model)
     check_step(step)
-    budget = None if budget_bytes is None else parse_bytes(budget_bytes)
+    budget, kind = _budget(module, budget_bytes, step_budget_bytes)
     config = _config(config, blocks=blocks, steps=steps, verify=verify)
     if config.blocks is None:
         names = find_repeated_blocks(module)
@@ -182,12 +194,27 @@ def plan_recompute(
         if progress is not None:
             progress(min(done, total_runs), total_runs, what)
 
-    costs = measure_recompute_costs(module, step, names, modules, steps=config.steps, tick=tick)
-    plan = solve_recompute(costs, budget)
+    costs = measure_recompute_costs(
+        module, step, names, modules, steps=config.steps, tick=tick, total=kind == "total"
+    )
+    plan = solve_recompute(costs, budget, budget_kind=kind)
     if verifying and plan.blocks:
         assert budget is not None
         plan = _verified(module, step, costs, plan, budget, tick=tick)
     return plan
+
+
+def _budget(module: Any, total: Any, step_only: Any) -> tuple[int | None, str]:
+    """(the budget in bytes or None, what it counts: ``"total"`` or ``"step"``)."""
+    if total is not None and step_only is not None:
+        raise NbtUsageError(
+            "give budget_bytes (the device's total peak) or step_budget_bytes (the step's own peak), not both"
+        )
+    if step_only is not None:
+        return parse_bytes(step_only, what="step_budget_bytes"), "step"
+    if total is None:
+        return None, "total"
+    return budget_bytes_for(total, model_device(module)), "total"
 
 
 def _config(config: Any, *, blocks: Any, steps: int, verify: bool) -> RecomputeConfig:
@@ -218,13 +245,18 @@ def _verified(
     """Step 8: apply the plan, measure its peak; re-plan under a lowered budget while it is over."""
     notes = list(plan.notes)
     measured = 0
+    total = plan.budget_kind == "total"
+    device = model_device(module)
     for _attempt in range(_VERIFY_ATTEMPTS):
         applied = checkpoint_blocks(module, plan.blocks)
         try:
-            series, _, _ = profile_memory_series(step)
+            series, _, _ = profile_memory_series(
+                step, total=total, device=device if device.type == "cuda" else None
+            )
         finally:
             applied.undo()
-        measured = series.peak_bytes
+        whole = series.total_peak_bytes
+        measured = whole if total and whole is not None else series.peak_bytes
         if measured <= budget:
             break
         overshoot = measured - plan.predicted_peak_bytes
@@ -232,7 +264,7 @@ def _verified(
             f"measured peak {format_bytes(measured)} was over the budget: re-planned with the budget "
             f"lowered by {format_bytes(overshoot)}"
         )
-        tighter = cheapest_blocks(costs, budget - max(overshoot, 1024))
+        tighter = cheapest_blocks(costs, budget - max(overshoot, 1024), fixed_bytes=plan.fixed_bytes)
         if tighter is None or set(tighter) == set(plan.blocks):
             break
         plan = plan.with_blocks(tighter)
@@ -240,6 +272,7 @@ def _verified(
     if measured > budget:
         raise PlanError(
             f"no recomputation plan measured under a budget of {format_bytes(budget)}: the best "
-            f"measured {format_bytes(measured)}. Raise the budget or name smaller blocks"
+            f"measured {format_bytes(measured)} ({'the device total' if total else 'the step'}). "
+            "Raise the budget or name smaller blocks"
         )
     return dataclasses.replace(plan, measured_peak_bytes=measured, notes=notes)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.capture.memory_profile import MemorySeries, mark
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.capture.memory_profile import TOTAL_UNKNOWN, MemorySeries, mark
+from nbtoolkit.errors import CaptureError, NbtUsageError
 from nbtoolkit.model.recompute_costs import RecomputeCosts
 from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
 from nbtoolkit.optimizations.measure import profile_memory_series, run_step
@@ -137,8 +137,13 @@ def measure_recompute_costs(
     *,
     steps: int,
     tick: Callable[[str], None],
+    total: bool = True,
 ) -> RecomputeCosts:
-    """Steps 2-4 for the blocks ``names`` (their modules ``blocks``); ``tick(what)`` after each run."""
+    """Steps 2-4 for the blocks ``names`` (their modules ``blocks``); ``tick(what)`` after each run.
+
+    ``total``: the device's total peak is needed (a budget of it); a CaptureError says so when
+    it cannot be measured.
+    """
     names = list(names)
     n = len(names)
     probe = _BlockProbe(blocks)
@@ -149,8 +154,15 @@ def measure_recompute_costs(
         step_times, cost = _recompute_times(module, step, names, probe, steps=steps, tick=tick)
         forward = [min(t) if t else 0.0 for t in probe.forward_times]
         probe.new_step()
-        baseline, _, _ = profile_memory_series(step)
+        device = _gpu_of(module)
+        # the baseline is also measured whole (categories and the device's total), for budgets
+        # of the device's total peak and for saying what of it no recomputation changes
+        baseline, by_category, _ = profile_memory_series(step, categories=True, total=True, device=device)
         tick("profiled baseline step")
+        if total and baseline.total_peak_bytes is None:
+            raise CaptureError(
+                f"{TOTAL_UNKNOWN}: budget the step's own memory instead (step_budget_bytes=...)"
+            )
         never = [names[i] for i in range(n) if f"fwd_end:{i}" not in baseline.marks]
         if never:
             raise NbtUsageError(
@@ -179,7 +191,29 @@ def measure_recompute_costs(
         baseline_peak_bytes=baseline.peak_bytes,
         baseline_step_time_s=statistics.median(step_times),
         notes=tuple(notes),
+        fixed_bytes=baseline.outside_bytes or 0,
+        fixed_by_category=_fixed_parts(module, by_category),
     )
+
+
+def _gpu_of(module: torch.nn.Module) -> Any:
+    """The module's GPU, or None on the CPU (where the profile counts every allocation)."""
+    from nbtoolkit.capture.device_memory import model_device
+
+    device = model_device(module)
+    return device if device.type == "cuda" else None
+
+
+#: torch's memory categories (at the baseline's peak) that are held whatever is recomputed.
+_FIXED_CATEGORIES = {"PARAMETER": "parameter", "OPTIMIZER_STATE": "optimizer_state", "INPUT": "input"}
+
+
+def _fixed_parts(module: torch.nn.Module, by_category: dict[str, int]) -> dict[str, int]:
+    """Bytes of parameters, optimizer state and inputs at the baseline peak, and of the gradients."""
+    parts = {ours: int(by_category[torch_name]) for torch_name, ours in _FIXED_CATEGORIES.items()
+             if by_category.get(torch_name)}
+    parts["gradient"] = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return parts
 
 
 def _recompute_times(
@@ -236,7 +270,7 @@ def _savings(
         applied = checkpoint_blocks(module, [name])
         try:
             probe.new_step()
-            series, _, _ = profile_memory_series(step)
+            series, _, _ = profile_memory_series(step, device=_gpu_of(module))
         finally:
             applied.undo()
         tick(f"profiled step with {name} checkpointed")

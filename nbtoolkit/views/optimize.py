@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from nbtoolkit.model.comparison import Comparison
     from nbtoolkit.model.plan import RecomputePlan
 
-__all__ = ["OptimizePanel", "optimize_panel", "plan_summary_html", "tradeoff_figure"]
+__all__ = ["OptimizePanel", "optimize_panel", "plan_summary_html", "tradeoff_figure", "zero_recompute_figure"]
 
 _MIB = 2**20
 
@@ -60,10 +60,41 @@ def tradeoff_figure(plan: RecomputePlan, *, budget_bytes: float | None = None) -
     fig.update_layout(
         title="Recomputation: predicted peak memory vs extra time per step",
         xaxis_title="predicted extra time per step (ms)",
-        yaxis_title="predicted peak step memory (MiB)",
+        yaxis_title=f"predicted peak memory, {'device total' if plan.budget_kind == 'total' else 'step'}"
+        " (MiB)",
         height=360,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
+    return fig
+
+
+def zero_recompute_figure(table: Any) -> Any:
+    """Two panels from a ZeroRecompute table: blocks recomputed against the budget, one line per
+    ZeRO stage; and the largest rank's measured total peak against the budget (the diagonal is
+    the budget itself: points under it fit)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "blocks recomputed", "largest rank's measured peak (MiB)"))
+    planned = table[table["error"] == ""]
+    for stage, group in planned.groupby("stage"):
+        rows = group.sort_values("budget_bytes")
+        budget_mib = [v / _MIB for v in rows["budget_bytes"]]
+        hover = [escape(b or "(none)") for b in rows["blocks"]]
+        fig.add_trace(go.Scatter(x=budget_mib, y=rows["n_blocks"], mode="lines+markers", name=f"ZeRO-{stage}",
+                                 text=hover, line={"shape": "hv"}, legendgroup=str(stage),
+                                 hovertemplate="%{text}<extra></extra>"), 1, 1)
+        fig.add_trace(go.Scatter(x=budget_mib, y=[v / _MIB for v in rows["measured_peak_bytes"]],
+                                 mode="markers", name=f"ZeRO-{stage} peak", legendgroup=str(stage),
+                                 showlegend=False, text=hover), 1, 2)
+    if len(table):
+        low, high = table["budget_bytes"].min() / _MIB, table["budget_bytes"].max() / _MIB
+        fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", line={"dash": "dash"},
+                                 name="budget"), 1, 2)
+    fig.update_xaxes(title_text="budget per rank, device total (MiB)")
+    fig.update_layout(title="Recompute plans under DeepSpeed ZeRO, one plan for all ranks", height=380,
+                      margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return fig
 
 

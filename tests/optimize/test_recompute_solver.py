@@ -13,6 +13,8 @@ peak(S) = max over phases of (level - savings of the blocks of S alive there).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from nbtoolkit.analysis.recompute import cheapest_blocks, predict_peak, solve_recompute
@@ -83,7 +85,7 @@ def test_no_plan_fits_names_the_lowest_reachable_peak() -> None:
     message = str(caught.value)
     assert f"({400 * K - 1:,} bytes)" in message
     assert f"still peaks at {format_bytes(400 * K)} ({400 * K:,} bytes)" in message
-    assert f"baseline peak is {format_bytes(1000 * K)}" in message
+    assert f"without recomputation it is {format_bytes(1000 * K)}" in message
     assert cheapest_blocks(_costs(), 400 * K - 1) is None
 
 
@@ -164,3 +166,46 @@ def test_costs_defaults_fill_from_the_phases() -> None:
     assert costs.forward_time_s == (0.0, 0.0, 0.0)
     assert costs.modules == ("", "", "")
     assert costs.alive_indices == [frozenset({0, 1, 2}), frozenset({0, 1}), frozenset({0}), frozenset()]
+
+
+def test_the_unreachable_message_says_what_is_fixed_and_what_lowers_it() -> None:
+    costs = dataclasses.replace(
+        _costs(), fixed_bytes=50 * K,
+        fixed_by_category={"parameter": 20 * K, "optimizer_state": 30 * K, "gradient": 20 * K},
+    )
+    with pytest.raises(PlanError) as caught:
+        solve_recompute(costs, 440 * K)  # lowest reachable: 400K + 50K fixed
+    message = str(caught.value)
+    assert f"still peaks at {format_bytes(450 * K)}" in message
+    assert f"parameters {format_bytes(20 * K)}, optimizer state {format_bytes(30 * K)}" in message
+    assert f"gradients {format_bytes(20 * K)}" in message
+    assert "ZeRO" in message and "AMP" in message and "smaller batch" in message
+    # a budget of the step's own memory leaves the fixed bytes out: 440K fits with a and b
+    step_plan = solve_recompute(costs, 440 * K, budget_kind="step")
+    assert step_plan.fixed_bytes == 0 and step_plan.budget_kind == "step"
+    assert step_plan.predicted_peak_bytes <= 440 * K
+    total_plan = solve_recompute(costs, 800 * K)
+    assert total_plan.fixed_bytes == 50 * K and total_plan.budget_kind == "total"
+    assert total_plan.predicted_peak_bytes == 50 * K + 700 * K  # b,c: the 800K-50K room needs 250K saved
+
+
+def test_worst_of_keeps_every_rank_under_the_budget() -> None:
+    rank0 = _costs()
+    # rank 1 holds 100K more outside the step (say, an unevenly sharded parameter) and saves less on a
+    rank1 = dataclasses.replace(
+        _costs(), saved_bytes=[250 * K, 200 * K, 100 * K], recompute_time_s=[0.30, 0.20, 0.05],
+        fixed_bytes=100 * K,
+    )
+    merged = RecomputeCosts.worst_of([rank0, rank1])
+    assert merged.saved_bytes == (250 * K, 200 * K, 100 * K)
+    assert merged.recompute_time_s == (0.30, 0.20, 0.05)
+    assert merged.fixed_bytes == 0 and merged.baseline_peak_bytes == 1100 * K
+    plan = solve_recompute(merged, 800 * K)
+    chosen = set(plan.blocks)
+    for costs in (rank0, rank1):  # the one plan fits on each rank by that rank's own model
+        levels, alive, saved = list(costs.phase_bytes), costs.alive_indices, list(costs.saved_bytes)
+        positions = {costs.blocks.index(b) for b in chosen}
+        assert predict_peak(levels, alive, saved, positions, fixed_bytes=costs.fixed_bytes) <= 800 * K
+    with pytest.raises(NbtUsageError, match="ranks measured different blocks"):
+        RecomputeCosts.worst_of([rank0, dataclasses.replace(rank0, blocks=["x", "b", "c"],
+                                                            phase_alive=[{"x"}, set(), set(), set()])])

@@ -124,4 +124,5 @@ def test_load_trace_returns_a_loaded_trace_unchanged(tmp_path):
 def test_load_trace_names_what_it_takes(bad):
     with pytest.raises(NbtUsageError) as info:
         nbt.load_trace(bad)
-    assert "or a Trace" in str(info.value) and f"got a {type(bad).__name__}" in str(info.value)
+    shown = "got None" if bad is None else f"{type(bad).__name__} ({bad!r})"
+    assert "or a Trace" in str(info.value) and shown in str(info.value)

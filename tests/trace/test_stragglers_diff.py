@@ -55,5 +55,7 @@ def test_compare_same_trace_changes_nothing(real_data):
 
 def test_compare_needs_traces(real_data):
     trace = nbt.load_trace(real_data("traces/hta_trace_compare/base"))
-    with pytest.raises(NbtUsageError, match="two Traces"):
+    with pytest.raises(NbtUsageError, match=r"compare\(\) \(after\) takes a Trace .* or the path"):
+        nbt.compare(trace, 5)
+    with pytest.raises(nbt.TraceError, match=r"after\.json: no such file"):  # a path is loaded
         nbt.compare(trace, "after.json")

@@ -18,6 +18,8 @@ One module per job:
 - :mod:`.rank`: what runs on each rank (builds the engine, times, profiles, captures graphs);
 - :mod:`.sweep`: :func:`zero_sweep` and its :class:`ZeroSweep` result, with the definitions
   of what it measures and the plain-words reading of the table;
+- :mod:`.recompute` (+ :mod:`.recompute_rank`): :func:`zero_plan_recompute`, recompute plans
+  under each ZeRO stage that keep every rank under a budget of its device's total;
 - :mod:`.graph_breaks`: :func:`zero_graph_breaks` and its :class:`ZeroGraphBreaks` result.
 
 Every name stays importable from ``nbtoolkit.integrations.deepspeed``.
@@ -26,11 +28,13 @@ Every name stays importable from ``nbtoolkit.integrations.deepspeed``.
 from nbtoolkit.integrations.deepspeed.config import KNOBS, default_settings, grid_settings, label, zero_config
 from nbtoolkit.integrations.deepspeed.graph_breaks import ZeroGraphBreaks, zero_graph_breaks
 from nbtoolkit.integrations.deepspeed.rank import graph_breaks_one_on_rank, sweep_one_on_rank
+from nbtoolkit.integrations.deepspeed.recompute import ZeroRecompute, zero_plan_recompute
 from nbtoolkit.integrations.deepspeed.sweep import ZeroSweep, read_sweep, zero_sweep
 
 __all__ = [
     "KNOBS",
     "ZeroGraphBreaks",
+    "ZeroRecompute",
     "ZeroSweep",
     "default_settings",
     "graph_breaks_one_on_rank",
@@ -40,5 +44,6 @@ __all__ = [
     "sweep_one_on_rank",
     "zero_config",
     "zero_graph_breaks",
+    "zero_plan_recompute",
     "zero_sweep",
 ]

@@ -11,35 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nbtoolkit.capture.memory_profile import live_tensor_bytes
+
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 
 
 def parameter_count(model_fn: Callable[[], Any]) -> int:
     """Parameters of a freshly built model (what the default sweep settings are scaled to)."""
     return int(sum(p.numel() for p in model_fn().parameters()))
-
-
-def _live_tensor_bytes() -> int:
-    """Bytes of all tensors reachable by the garbage collector, each storage once."""
-    import gc
-
-    import torch
-
-    seen: set[int] = set()
-    total = 0
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta:
-                continue
-            storage = obj.untyped_storage()
-            key = storage.data_ptr()
-            if key in seen or key == 0:
-                continue
-            seen.add(key)
-            total += storage.nbytes()
-        except (RuntimeError, ReferenceError):  # tensors without storage (sparse, fake)
-            continue
-    return total
 
 
 def _engine_and_step(
@@ -102,7 +81,7 @@ def sweep_one_on_rank(
 
     rank = dist.get_rank()
     gc.collect()
-    before = 0 if torch.cuda.is_available() else _live_tensor_bytes()
+    before = 0 if torch.cuda.is_available() else live_tensor_bytes()
     engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
 
     try:
@@ -120,7 +99,7 @@ def sweep_one_on_rank(
             torch.cuda.reset_peak_memory_stats()
             base = 0
         else:
-            base = max(0, _live_tensor_bytes() - before)
+            base = max(0, live_tensor_bytes() - before)
         profiled = profile_to_bytes(step, steps=steps, warmup=0, profile_memory=not cuda)
         if cuda:
             peak = int(torch.cuda.max_memory_allocated())

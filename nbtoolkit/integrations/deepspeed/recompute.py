@@ -1,0 +1,190 @@
+"""Which blocks to recompute under DeepSpeed ZeRO, measured on every rank: one plan for all ranks.
+
+    result = zero_plan_recompute(cluster, make_model, make_batch, budget=["40MB", "30MB"], stages=(1, 2, 3))
+    result.table; result.figure()
+    # or: cluster.plan_recompute(make_model, make_batch, budget="30MB", stage=2)
+
+The question the ACS training image's CHECKPOINT_OPTIMIZATION answers by lookup, answered by
+measurement: with ZeRO stage *s* on these ranks, which blocks must be recomputed so that
+every rank's device stays under the budget? For each stage, on every rank inside a real
+DeepSpeed engine (``deepspeed.initialize`` over the cluster's process group):
+
+- the budget counts the device's whole peak, as ``nbt.plan_recompute`` does: parameters,
+  gradients and optimizer state (which ZeRO 1/2/3 shard across ranks, so each stage leaves
+  different room for activations), activations and temporaries;
+- every rank measures its candidates (savings, recompute times, phases, fixed bytes); the plan
+  is solved once on the worst case over ranks (smallest saving, largest time, each rank's
+  own phases with its own fixed bytes), so it fits on every rank by the memory model; then it
+  is applied on every rank and every rank's total peak measured (re-planned lower, at most
+  three times, while the largest rank is over).
+
+The table has one row per stage and budget: the blocks chosen, the predicted and the measured
+peak of the largest rank, and the step time against checkpointing nothing and everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.integrations.deepspeed.config import zero_config
+from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
+from nbtoolkit.model._providers import provides
+from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.units import format_bytes, format_seconds, parse_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.cluster.cluster import Cluster
+
+__all__ = ["ZeroRecompute", "zero_plan_recompute"]
+
+
+@dataclass(repr=False)
+class ZeroRecompute(Result):
+    """Recompute plans under ZeRO stages and budgets, measured on every rank.
+
+    Attributes:
+        table: one row per (stage, budget): ``stage``, ``budget_bytes``, ``blocks``
+            (comma-separated), ``n_blocks``, ``predicted_peak_bytes`` and ``measured_peak_bytes``
+            (largest rank, device total), ``fits``, ``step_time_s`` (slowest rank's median),
+            ``step_time_none_s``/``step_time_all_s`` (checkpointing nothing/every block),
+            ``error`` (why no plan fits, else empty), ``notes``.
+        ranks: one row per (stage, rank): ``fixed_bytes`` (what the rank holds outside the
+            step: its shard of parameters and optimizer state, inputs), ``parameter``,
+            ``optimizer_state``, ``peak_none_bytes``, ``peak_all_bytes``.
+        blocks: the candidate blocks.
+    """
+
+    table: pd.DataFrame
+    ranks: pd.DataFrame
+    blocks: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def figure(self) -> Any:
+        """Blocks chosen against the budget, one line per stage; measured peaks against the budget."""
+        from nbtoolkit.views.optimize import zero_recompute_figure
+
+        return zero_recompute_figure(self.table)
+
+    def _shown(self) -> pd.DataFrame:
+        frame = self.table.copy()
+        frame["budget"] = [format_bytes(v) for v in frame["budget_bytes"]]
+        frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
+        frame["measured peak"] = [format_bytes(v) for v in frame["measured_peak_bytes"]]
+        frame["step"] = [format_seconds(v) for v in frame["step_time_s"]]
+        frame["step, all blocks"] = [format_seconds(v) for v in frame["step_time_all_s"]]
+        frame["blocks"] = [
+            b if b or e else "(none)" for b, e in zip(frame["blocks"], frame["error"], strict=True)
+        ]
+        frame["fits"] = ["yes" if f else "NO" for f in frame["fits"]]
+        return frame[["stage", "budget", "blocks", "predicted peak", "measured peak", "fits", "step",
+                      "step, all blocks"]]
+
+    def _text(self) -> str:
+        lines = [f"ZeRO recompute plans: {len(self.table)} (stage, budget) pairs; peaks: largest rank"]
+        lines.append(self._shown().to_string(index=False))
+        lines.extend(f"stage {r.stage}, budget {format_bytes(r.budget_bytes)}: {r.error}"
+                     for r in self.table.itertuples() if r.error)
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        errors = "".join(
+            f"<p><i>stage {r.stage}, budget {escape(format_bytes(r.budget_bytes))}: {escape(r.error)}</i></p>"
+            for r in self.table.itertuples() if r.error
+        )
+        return (
+            "<div class='nbt-zero-recompute'><b>ZeRO recompute plans</b> (peaks: the largest rank's "
+            "device total)" + html_table(self._shown()) + errors + "</div>"
+        )
+
+
+def _budgets(budget: Any) -> list[int]:
+    if budget is None:
+        return []
+    values = list(budget) if isinstance(budget, (list, tuple)) else [budget]
+    return [parse_bytes(v) for v in values]
+
+
+@provides("Cluster.plan_recompute")
+def zero_plan_recompute(
+    cluster: Cluster,
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    *,
+    budget: Any = None,
+    stages: Iterable[int] | int = (1, 2, 3),
+    stage: int | None = None,
+    blocks: Sequence[str] | None = None,
+    steps: int = 2,
+    timed_steps: int = 3,
+    micro_batch_size: int = 8,
+    knobs: dict[str, Any] | None = None,
+    lr: float = 1e-3,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+) -> ZeroRecompute:
+    """Choose, per ZeRO stage and budget, one set of blocks to recompute that keeps every rank under it.
+
+    Args:
+        cluster: the ranks (``nbt.Cluster``); DeepSpeed runs over its process group.
+        model_fn: builds the model (on each rank, seeded alike); batch_fn: ``batch_fn(rank)``.
+        budget: the device's total peak per rank (bytes or text such as ``"30MB"``), or a list of
+            them; None measures only (the table's reference columns, no plans).
+        stages: ZeRO stages to try (or ``stage=`` for one).
+        blocks: candidate module names; default the model's repeated blocks.
+        steps: timing rounds of the candidate measurement; timed_steps: steps timed per plan.
+        knobs: further ZeRO settings for :func:`zero_config` (``reduce_bucket_size=...``). Note
+            that DeepSpeed's default reduce bucket (5e8 elements) is itself 2 GB of fp32 on each
+            rank, allocated during the step, and so counts against the budget.
+    The method is in the module docstring.
+    """
+    import pandas as pd
+
+    chosen_stages = [stage] if stage is not None else ([stages] if isinstance(stages, int) else list(stages))
+    for s in chosen_stages:
+        if s not in (1, 2, 3):
+            raise NbtUsageError(f"ZeRO stage must be 1, 2 or 3 for a recompute plan, got {s!r}")
+    budgets = _budgets(budget)
+    rows, rank_rows = [], []
+    names: list[str] = []
+    for s in chosen_stages:
+        config = zero_config(stage=s, micro_batch_size=micro_batch_size, **(knobs or {}))
+        results = cluster.run(
+            lambda config=config: recompute_on_rank(
+                model_fn, batch_fn, config, budgets=budgets, blocks=blocks, steps=steps,
+                timed_steps=timed_steps, lr=lr, loss_fn=loss_fn,
+            )
+        )
+        names = results[0]["blocks"]
+        reference = results[0]["reference"]  # gathered: the same on every rank
+        for rank, result in enumerate(results):
+            costs = result["costs"]
+            rank_rows.append({
+                "stage": s, "rank": rank, "fixed_bytes": costs.fixed_bytes,
+                "parameter": costs.fixed_by_category.get("parameter", 0),
+                "optimizer_state": costs.fixed_by_category.get("optimizer_state", 0),
+                "peak_none_bytes": reference["none"]["peak"][rank],
+                "peak_all_bytes": reference["all"]["peak"][rank],
+            })
+        for plan in results[0]["plans"]:
+            measured = plan.get("measured", {"peak": [0], "step_time_s": [float("nan")]})
+            peak = max(measured["peak"])
+            rows.append({
+                "stage": s, "budget_bytes": plan["budget_bytes"], "blocks": ",".join(plan.get("blocks", [])),
+                "n_blocks": len(plan.get("blocks", [])), "predicted_peak_bytes": plan.get("predicted", 0),
+                "measured_peak_bytes": peak, "fits": "error" not in plan and peak <= plan["budget_bytes"],
+                "step_time_s": max(measured["step_time_s"]),
+                "step_time_none_s": max(reference["none"]["step_time_s"]),
+                "step_time_all_s": max(reference["all"]["step_time_s"]),
+                "error": plan.get("error", ""), "notes": "; ".join(plan["notes"]),
+            })
+    columns = ["stage", "budget_bytes", "blocks", "n_blocks", "predicted_peak_bytes", "measured_peak_bytes",
+               "fits", "step_time_s", "step_time_none_s", "step_time_all_s", "error", "notes"]
+    return ZeroRecompute(
+        table=pd.DataFrame(rows, columns=columns), ranks=pd.DataFrame(rank_rows), blocks=names,
+        notes=[f"{cluster.world_size} ranks; budgets count each rank's device total"],
+    )

@@ -1,0 +1,178 @@
+"""What runs on each rank of :func:`~nbtoolkit.integrations.deepspeed.recompute.zero_plan_recompute`.
+
+One call per ZeRO stage, on every rank at once, inside one DeepSpeed engine:
+
+1. measure the candidate blocks on this rank (``measure_recompute_costs``: savings, recompute
+   times, phases, and what this rank holds outside the step, which ZeRO shards differently per
+   stage);
+2. gather every rank's measurements; rank 0 solves one plan per budget on the worst case
+   over ranks (``RecomputeCosts.worst_of``) and broadcasts it, so every rank applies the same
+   blocks;
+3. apply each plan, measure every rank's total peak and step time, and re-plan under a lowered
+   budget while the largest rank is over it (at most three times), as ``plan_recompute`` does;
+   if still over, take the fastest plan measured under the budget (checkpointing every block
+   is always measured).
+
+Collectives happen in the same order on every rank: every decision is made on rank 0 and
+broadcast, never recomputed on each rank from floating-point results.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["recompute_on_rank"]
+
+#: Re-plans after the largest rank measured over the budget.
+_VERIFY_ATTEMPTS = 3
+
+
+def _gathered(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return everyone
+
+
+def _from_rank0(value: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _fastest_measured_fit(row: dict[str, Any], measured: dict[tuple[str, ...], Any], budget: int) -> None:
+    """When the model's plans all measured over the budget, the fastest plan that *measured* under it.
+
+    The memory model can under-predict where a stage re-gathers or re-buckets during
+    recomputation (ZeRO-3 gathers a block's parameters again for its recompute); every rank
+    holds the same gathered measurements (checkpointing nothing and every block are always
+    among them), so every rank makes the same choice.
+    """
+    fits = [(max(v["step_time_s"]), blocks) for blocks, v in measured.items() if max(v["peak"]) <= budget]
+    if not fits:
+        row["notes"].append("no measured plan fits either, not even checkpointing every block")
+        return
+    _, blocks = min(fits)
+    row.update(blocks=list(blocks), measured=measured[blocks])
+    row["notes"].append(
+        "the memory model under-predicted this stage's peak: chose the fastest plan measured under the budget"
+    )
+
+
+def recompute_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    config: dict[str, Any],
+    *,
+    budgets: Sequence[int],
+    blocks: Sequence[str] | None,
+    steps: int,
+    timed_steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> dict[str, Any]:
+    """Measure, plan (one plan for all ranks per budget) and verify under DeepSpeed ``config``.
+
+    Returns this rank's ``costs`` and, per budget, the plan's blocks, predicted peak (worst
+    rank), every rank's measured total peak and step time, or the PlanError text.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from nbtoolkit.analysis.recompute import solve_recompute
+    from nbtoolkit.capture.device_memory import model_device
+    from nbtoolkit.errors import PlanError
+    from nbtoolkit.integrations.deepspeed.rank import _engine_and_step
+    from nbtoolkit.model.recompute_costs import RecomputeCosts
+    from nbtoolkit.optimizations.checkpoint import checkpoint_blocks, resolve_blocks
+    from nbtoolkit.optimizations.measure import profile_memory_series
+    from nbtoolkit.optimizations.recompute import find_repeated_blocks
+    from nbtoolkit.optimizations.recompute_measure import measure_recompute_costs
+
+    rank = dist.get_rank()
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
+    try:
+        module = engine.module
+        names = list(blocks) if blocks else find_repeated_blocks(module)
+        if not names:
+            raise PlanError(
+                f"{type(module).__name__} has no repeated blocks to choose from: name them with blocks=[...]"
+            )
+        device = model_device(module)
+        gpu = device if device.type == "cuda" else None
+        costs = measure_recompute_costs(
+            module, step, names, resolve_blocks(module, names), steps=steps, tick=lambda _: None
+        )
+        everyone = _gathered(costs)  # a collective: every rank calls it
+        merged = RecomputeCosts.worst_of(everyone) if rank == 0 else None
+        measured: dict[tuple[str, ...], dict[str, list[Any]]] = {}
+
+        def measure(chosen: tuple[str, ...]) -> dict[str, list[Any]]:
+            """Every rank's total peak, median step time and last loss with ``chosen`` checkpointed."""
+            if chosen not in measured:
+                with checkpoint_blocks(module, list(chosen)):
+                    step()  # warm-up under the new wrappers
+                    series, _, _ = profile_memory_series(step, total=True, device=gpu)
+                    times = []
+                    for _ in range(timed_steps):
+                        if gpu is not None:
+                            torch.cuda.synchronize(gpu)
+                        started = time.perf_counter()
+                        loss = step()
+                        if gpu is not None:
+                            torch.cuda.synchronize(gpu)
+                        times.append(time.perf_counter() - started)
+                mine = (series.total_peak_bytes or series.peak_bytes, statistics.median(times), float(loss))
+                peaks, medians, losses = zip(*_gathered(mine), strict=True)
+                measured[chosen] = {"peak": list(peaks), "step_time_s": list(medians), "loss": list(losses)}
+            return measured[chosen]
+
+        reference = {"none": measure(()), "all": measure(tuple(names))}
+        plans = []
+        for budget in budgets:
+            decision = None
+            if rank == 0:
+                assert merged is not None
+                try:
+                    plan = solve_recompute(merged, int(budget))
+                    decision = {"blocks": list(plan.blocks), "predicted": plan.predicted_peak_bytes}
+                except PlanError as exc:
+                    decision = {"error": str(exc)}
+            decision = _from_rank0(decision)
+            row: dict[str, Any] = {"budget_bytes": int(budget), **decision, "notes": []}
+            for _attempt in range(_VERIFY_ATTEMPTS if "blocks" in row else 0):
+                result = measure(tuple(row["blocks"]))
+                row.update(measured=result)
+                worst = max(result["peak"])
+                if worst <= budget:
+                    break
+                tighter = None
+                if rank == 0:
+                    assert merged is not None
+                    lowered = int(budget) - max(worst - row["predicted"], 1024)
+                    try:
+                        plan = solve_recompute(merged, lowered)
+                        tighter = {"blocks": list(plan.blocks), "predicted": plan.predicted_peak_bytes}
+                    except PlanError:
+                        tighter = None
+                tighter = _from_rank0(tighter)
+                if tighter is None or set(tighter["blocks"]) == set(row["blocks"]):
+                    row["notes"].append("measured over the budget; no plan with a lower prediction exists")
+                    break
+                row["notes"].append(
+                    f"the largest rank measured {worst:,} bytes, over the budget: re-planned with the "
+                    "budget lowered by the overshoot"
+                )
+                row.update(tighter)
+            if "measured" in row and max(row["measured"]["peak"]) > budget:
+                _fastest_measured_fit(row, measured, int(budget))
+            plans.append(row)
+        return {"costs": costs, "reference": reference, "plans": plans, "blocks": names}
+    finally:
+        engine.destroy()
