@@ -203,6 +203,35 @@ def test_a_new_kernel_reattaches_to_named_ranks_or_says_they_are_gone(multihost:
     assert "no ranks named 'kept' are running" in second.stdout and "AGAIN False" in second.stdout
 
 
+@pytest.mark.deepspeed
+def test_deepspeed_zero_from_a_cell_trains_across_hosts(remote) -> None:
+    """ZeRO-2 over the cross-host gloo group: each rank on its own host, one training step.
+
+    Each rank gets different data; ZeRO averages the gradients over the group, so after the
+    step both hosts hold the same weights, which differ from the initial ones.
+    """
+    cell = (
+        "import socket, deepspeed\n"
+        "torch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))\n"
+        "before = sum(p.double().sum().item() for p in net.parameters())\n"
+        "config = {'train_micro_batch_size_per_gpu': 4, 'zero_optimization': {'stage': 2}}\n"
+        "engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=0.1),"
+        " config=config)\n"
+        "x = torch.randn(4, 64, generator=torch.Generator().manual_seed(rank))\n"
+        "loss = engine(x).pow(2).mean(); engine.backward(loss); engine.step()\n"
+        "after = sum(p.double().sum().item() for p in engine.module.parameters())\n"
+        "engine.destroy()\n"
+        "(socket.gethostname(), before, after)"
+    )
+    results = remote.run(cell)
+    assert {host for host, _, _ in results} == HOSTS
+    (_, before0, after0), (_, before1, after1) = results
+    assert before0 == before1 and after0 != before0
+    assert after0 == pytest.approx(after1, rel=1e-9)  # one averaged update on both hosts
+    assert remote.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
+
+
 def test_losing_a_worker_node_mid_cell_names_the_rank_and_node_and_restart_uses_what_is_left(
     multihost: MultiHostBed, remote
 ) -> None:
