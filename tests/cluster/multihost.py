@@ -33,6 +33,7 @@ import atexit
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,14 @@ START_TIMEOUT_S = 90.0
 _NODE_ATTEMPTS = 3
 CPUS_PER_HOST = 3  # the notebook's 2 ranks (one per host) leave room to pack 2 more on one host
 _ROOT = Path(__file__).resolve().parents[2]
+
+
+def _paths_under_tmp() -> list[str]:
+    """The code the hosts run (this checkout, the Python environment) where it lies under /tmp."""
+    paths = sorted({str(Path(p).resolve()) for p in (_ROOT, sys.prefix, Path(sys.executable).parent)})
+    under = [p for p in paths if p == "/tmp" or p.startswith("/tmp/")]
+    # keep only the outermost: a venv inside the checkout comes with it
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
 class BedUnavailable(RuntimeError):
@@ -173,8 +182,19 @@ class MultiHostBed:
 
     def host_command(self, host: int, command: str) -> list[str]:
         """argv running the shell ``command`` on ``host`` (its network, /tmp, /dev/shm, HOME, hostname)."""
+        # A checkout or virtual environment that lives under /tmp (a CI clone, say) would vanish
+        # under the host's private /tmp: bind it aside on the new /dev/shm first, then back.
+        keep = _paths_under_tmp()
+        aside = "".join(
+            f"mkdir -p /dev/shm/nbt-keep/{i}; mount --bind {shlex.quote(path)} /dev/shm/nbt-keep/{i}; "
+            for i, path in enumerate(keep)
+        )
+        back = "".join(
+            f"mkdir -p {shlex.quote(path)}; mount --bind /dev/shm/nbt-keep/{i} {shlex.quote(path)}; "
+            for i, path in enumerate(keep)
+        )
         setup = (
-            "set -e; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /dev/shm; "
+            f"set -e; mount -t tmpfs tmpfs /dev/shm; {aside}mount -t tmpfs tmpfs /tmp; {back}"
             f"mkdir -p /tmp/home; export HOME=/tmp/home; hostname host{host}; "
         )
         return [
