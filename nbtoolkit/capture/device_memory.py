@@ -18,7 +18,7 @@ from nbtoolkit.units import DeviceShare, format_bytes, parse_budget
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["budget_bytes_for", "device_total_memory", "model_device"]
+__all__ = ["budget_bytes_for", "device_total_memory", "model_device", "model_gpu"]
 
 
 def model_device(module: Any) -> torch.device:
@@ -28,6 +28,13 @@ def model_device(module: Any) -> torch.device:
     for tensor in (*module.parameters(), *module.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def model_gpu(module: Any) -> torch.device | None:
+    """The module's GPU, or None when it is on the CPU (what the memory profiler's ``device=`` takes:
+    a GPU's series counts only that GPU's allocator, a CPU series counts every allocation)."""
+    device = model_device(module)
+    return device if device.type == "cuda" else None
 
 
 def device_total_memory(device: Any) -> int | None:

@@ -69,11 +69,9 @@ def _check_feasible(world_size: int, bundle: dict[str, float], strategy: str) ->
     import ray
 
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
-    missing = {
-        kind: need * world_size - sum(node.get(kind, 0.0) for node in nodes)
-        for kind, need in bundle.items()
-        if sum(node.get(kind, 0.0) for node in nodes) < need * world_size
-    }
+    have = {kind: sum(node.get(kind, 0.0) for node in nodes) for kind in bundle}
+    short = {kind: need * world_size - have[kind] for kind, need in bundle.items()}
+    missing = {kind: amount for kind, amount in short.items() if amount > 0}
     if missing:
         raise ClusterError(
             f"the cluster cannot hold {world_size} ranks: its {len(nodes)} alive nodes lack "

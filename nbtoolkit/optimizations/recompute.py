@@ -80,7 +80,7 @@ from nbtoolkit.analysis.recompute import (
     solve_recompute,
     tradeoff_front,
 )
-from nbtoolkit.capture.device_memory import budget_bytes_for, model_device
+from nbtoolkit.capture.device_memory import budget_bytes_for, model_device, model_gpu
 from nbtoolkit.errors import NbtUsageError, PlanError
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.model.recompute_costs import RecomputeCosts
@@ -246,13 +246,11 @@ def _verified(
     notes = list(plan.notes)
     measured = 0
     total = plan.budget_kind == "total"
-    device = model_device(module)
+    gpu = model_gpu(module)
     for _attempt in range(_VERIFY_ATTEMPTS):
         applied = checkpoint_blocks(module, plan.blocks)
         try:
-            series, _, _ = profile_memory_series(
-                step, total=total, device=device if device.type == "cuda" else None
-            )
+            series, _, _ = profile_memory_series(step, total=total, device=gpu)
         finally:
             applied.undo()
         whole = series.total_peak_bytes

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.capture.device_memory import model_gpu
 from nbtoolkit.capture.memory_profile import TOTAL_UNKNOWN, MemorySeries, mark
 from nbtoolkit.errors import CaptureError, NbtUsageError
 from nbtoolkit.model.recompute_costs import RecomputeCosts
@@ -154,7 +155,7 @@ def measure_recompute_costs(
         step_times, cost = _recompute_times(module, step, names, probe, steps=steps, tick=tick)
         forward = [min(t) if t else 0.0 for t in probe.forward_times]
         probe.new_step()
-        device = _gpu_of(module)
+        device = model_gpu(module)
         # the baseline is also measured whole (categories and the device's total), for budgets
         # of the device's total peak and for saying what of it no recomputation changes
         baseline, by_category, _ = profile_memory_series(step, categories=True, total=True, device=device)
@@ -194,14 +195,6 @@ def measure_recompute_costs(
         fixed_bytes=baseline.outside_bytes or 0,
         fixed_by_category=_fixed_parts(module, by_category),
     )
-
-
-def _gpu_of(module: torch.nn.Module) -> Any:
-    """The module's GPU, or None on the CPU (where the profile counts every allocation)."""
-    from nbtoolkit.capture.device_memory import model_device
-
-    device = model_device(module)
-    return device if device.type == "cuda" else None
 
 
 #: torch's memory categories (at the baseline's peak) that are held whatever is recomputed.
@@ -270,7 +263,7 @@ def _savings(
         applied = checkpoint_blocks(module, [name])
         try:
             probe.new_step()
-            series, _, _ = profile_memory_series(step, device=_gpu_of(module))
+            series, _, _ = profile_memory_series(step, device=model_gpu(module))
         finally:
             applied.undo()
         tick(f"profiled step with {name} checkpointed")

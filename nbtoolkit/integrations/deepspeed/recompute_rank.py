@@ -86,7 +86,7 @@ def recompute_on_rank(
     import torch.distributed as dist
 
     from nbtoolkit.analysis.recompute import solve_recompute
-    from nbtoolkit.capture.device_memory import model_device
+    from nbtoolkit.capture.device_memory import model_gpu
     from nbtoolkit.errors import PlanError
     from nbtoolkit.integrations.deepspeed.rank import _engine_and_step
     from nbtoolkit.model.recompute_costs import RecomputeCosts
@@ -104,8 +104,7 @@ def recompute_on_rank(
             raise PlanError(
                 f"{type(module).__name__} has no repeated blocks to choose from: name them with blocks=[...]"
             )
-        device = model_device(module)
-        gpu = device if device.type == "cuda" else None
+        gpu = model_gpu(module)
         costs = measure_recompute_costs(
             module, step, names, resolve_blocks(module, names), steps=steps, tick=lambda _: None
         )
