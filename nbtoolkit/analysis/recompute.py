@@ -216,14 +216,14 @@ def _unreachable(costs: RecomputeCosts, target: int, lowest: int, baseline: int,
         f"peaks at {format_bytes(lowest)} ({lowest:,} bytes)."
     )
     parts = costs.fixed_by_category
-    if kind == "total" and parts:
+    if kind == "total" and any(parts.get(k) for k in ("parameter", "optimizer_state", "input")):
         names = {"parameter": "parameters", "optimizer_state": "optimizer state", "input": "inputs"}
         held = ", ".join(
             f"{label} {format_bytes(parts[key])}" for key, label in names.items() if parts.get(key)
         )
         grads = parts.get("gradient", 0)
         text += (
-            f" Recomputation cannot lower what the step holds regardless: {held or 'nothing measured'}"
+            f" Recomputation cannot lower what the step holds regardless: {held}"
             + (f", and gradients {format_bytes(grads)} made during backward" if grads else "")
             + ". To lower those: shard them across ranks with DeepSpeed ZeRO (stage 1 shards optimizer "
             "state, 2 also gradients, 3 also parameters), train in bf16/fp16 with AMP (smaller "
