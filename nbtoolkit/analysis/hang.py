@@ -116,7 +116,9 @@ def _diagnose_group(group: str, members: list[int], by_rank: dict[int, RankHang]
     verdicts: list[HangVerdict] = []
 
     # Same op at the front: do the element counts agree?
-    same_op = {r: c for r in members if r in by_rank and (c := _call_at(by_rank[r], group, seq)) and c.op == op}
+    same_op = {
+        r: c for r in members if r in by_rank and (c := _call_at(by_rank[r], group, seq)) and c.op == op
+    }
     counts = Counter(c.numel for c in same_op.values())
     if len(counts) > 1:
         top = counts.most_common()
@@ -215,7 +217,9 @@ def _absent(rank: RankHang, front: CollectiveCall | None, waiting: tuple[int, ..
     done = "finished the cell" if rank.state == "finished" else "has nothing pending"
     last = [c for c in rank.calls if c.group == front.group]
     after = f" (its last: {last[-1].label})" if last and rank.state != "finished" else ""
-    return verdict("skipped collective", f"rank {rank.rank} {done}{after} without entering {where}", front.line)
+    return verdict(
+        "skipped collective", f"rank {rank.rank} {done}{after} without entering {where}", front.line
+    )
 
 
 def _merge_skipped(verdicts: list[HangVerdict]) -> list[HangVerdict]:
@@ -240,6 +244,13 @@ def _merge_skipped(verdicts: list[HangVerdict]) -> list[HangVerdict]:
         twin = merged[index]
         culprits = tuple(sorted(twin.culprits + verdict.culprits))
         merged[index] = HangVerdict(
-            twin.kind, f"{_label(culprits)} {rest(twin)}", culprits, twin.waiting, twin.op, twin.seq, twin.group, twin.line
+            twin.kind,
+            f"{_label(culprits)} {rest(twin)}",
+            culprits,
+            twin.waiting,
+            twin.op,
+            twin.seq,
+            twin.group,
+            twin.line,
         )
     return merged

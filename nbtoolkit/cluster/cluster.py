@@ -357,6 +357,16 @@ class Cluster(ClusterTransfer, Result):
             attachment, self._attachment = self._attachment, None
             detach(attachment)
 
+    def hang_report(self) -> Any:
+        """Why the ranks are stuck: a HangReport (``.frame()`` per rank, ``.verdicts``, its text).
+
+        Live while a cell runs (call it from another thread); after a cell, the diagnosis of
+        its last stall or Ctrl-C. See :mod:`nbtoolkit.cluster.hang_watch`.
+        """
+        from nbtoolkit.cluster.hang_watch import hang_report
+
+        return hang_report(self._live_group())
+
     def plan_recompute(
         self, model_fn: Callable[[], Any], batch_fn: Callable[[int], Any], **options: Any
     ) -> Any:

@@ -3,6 +3,7 @@
     cluster_command("start", "4")                      # a local cluster of 4 ranks
     cluster_command("connect", "head:6379", token_file="~/.ray/token")
     cluster_command("status"); cluster_command("restart"); cluster_command("stop")
+    cluster_command("why")                             # the hang diagnosis (HangReport)
 
 Slow actions (start, connect, restart) show a one-line progress note in a notebook when
 they take longer than a second; outside a kernel nothing is shown.
@@ -16,6 +17,7 @@ from nbtoolkit.cluster.cluster import Cluster
 from nbtoolkit.cluster.rank_spec import rank_count
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, ClusterStatus
+from nbtoolkit.model.hang import HangReport
 
 __all__ = ["cluster_command"]
 
@@ -29,7 +31,7 @@ def cluster_command(
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     strategy: str = "pack",
     name: str | None = None,
-) -> Cluster | ClusterStatus | None:
+) -> Cluster | ClusterStatus | HangReport | None:
     """Start, connect to, inspect, restart or stop the notebook's cluster.
 
     - ``start [N]``: a local Ray cluster with N ranks (``target``, or ``ranks``; default 2);
@@ -40,6 +42,7 @@ def cluster_command(
       the ranks across kernel restarts (see :meth:`Cluster.connect`). Returns the :class:`Cluster`.
     - ``status``: the current cluster's :class:`ClusterStatus`, asked of the ranks live.
     - ``restart``: fresh ranks on the current cluster; returns its status.
+    - ``why``: the hang diagnosis (:meth:`Cluster.hang_report`): live, or of the last stall.
     - ``stop``: stop the ranks (and the Ray cluster, if this process started it); prints
       ``cluster stopped`` and returns None.
     """
@@ -68,6 +71,9 @@ def cluster_command(
     cluster = Cluster.current()
     if action == "status":
         return cluster.status()
+    if action == "why":
+        report: HangReport = cluster.hang_report()
+        return report
     if action == "restart":
         with DelayedProgress(f"restarting {cluster.world_size} ranks"):
             cluster.restart()

@@ -302,6 +302,10 @@ class RankActor:
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        from nbtoolkit.cluster import hang_recorder
+
+        hang_recorder.install()  # note each collective a cell calls (for the hang diagnosis)
+        hang_recorder.recorder.reset_groups()
         self._backend = backend
         self._master, self._timeout_s = f"{master_addr}:{master_port}", timeout_s
         self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
@@ -325,7 +329,7 @@ class RankActor:
             exec(body, self.namespace)  # noqa: S102 - running the user's cell is the point
             return eval(tail, self.namespace) if tail is not None else None  # noqa: S307 - same
 
-        return self._run(cell)
+        return self._run(cell, source)
 
     def run_function(
         self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -342,6 +346,7 @@ class RankActor:
         import importlib
 
         step = self.as_callable(payload)
+        source = payload if isinstance(payload, str) else None
         tool = getattr(importlib.import_module(module), name)
         # model= / optimizer= given by name refer to objects in this rank's namespace.
         for key in ("model", "optimizer"):
@@ -351,7 +356,7 @@ class RankActor:
                         None, f"NameError: rank {self.rank} has no {key} named {kwargs[key]!r}", 0.0
                     )
                 kwargs = {**kwargs, key: self.namespace[kwargs[key]]}
-        return self._run(lambda: tool(step, **kwargs))
+        return self._run(lambda: tool(step, **kwargs), source)
 
     def as_callable(self, payload: Any) -> Callable[[], Any]:
         """A zero-argument callable running a cell source (in the namespace) or a function."""
@@ -365,7 +370,9 @@ class RankActor:
 
         return cell
 
-    def _run(self, work: Callable[[], Any]) -> CellOutcome:
+    def _run(self, work: Callable[[], Any], source: str | None = None) -> CellOutcome:
+        from nbtoolkit.cluster.hang_recorder import recorder
+
         started = time.perf_counter()
         stdout, stderr = sys.stdout, sys.stderr
         value: Any = None
@@ -375,6 +382,7 @@ class RankActor:
             with self._lock:
                 self._running_thread = tid
                 self._running_since = time.time()
+            recorder.begin_cell(tid, source)
             sys.stdout = _SinkStream(self._sink, "stdout")
             sys.stderr = _SinkStream(self._sink, "stderr")
             try:
@@ -384,6 +392,7 @@ class RankActor:
             except BaseException as exc:  # the user's exception, whatever it is, goes back as text
                 error = _remote_traceback(exc)
             finally:
+                recorder.end_cell()
                 with self._lock:
                     self._running_thread = None
                     self._running_since = None
@@ -400,6 +409,7 @@ class RankActor:
                 self._cells_run += 1
         except KeyboardInterrupt:  # a late interrupt landed in the bookkeeping above
             sys.stdout, sys.stderr = stdout, stderr
+            recorder.end_cell()
             error = error or "KeyboardInterrupt: the cell was interrupted"
         return self._outcome(value, error, time.perf_counter() - started)
 
@@ -427,6 +437,18 @@ class RankActor:
     # ---- control group: answers while a cell runs ----
     def take_output(self) -> list[tuple[str, str]]:
         return self._sink.take()
+
+    def poll(self) -> dict[str, Any]:
+        """The output printed since the last poll, and the count of completed collectives (progress)."""
+        from nbtoolkit.cluster.hang_recorder import recorder
+
+        return {"output": self._sink.take(), "completed": recorder.completed}
+
+    def hang_state(self) -> dict[str, Any]:
+        """Where the running (or last) cell is: its collectives, its state and its stack now."""
+        from nbtoolkit.cluster.hang_recorder import recorder
+
+        return {"rank": self.rank, **recorder.snapshot()}
 
     def state(self) -> dict[str, Any]:
         with self._lock:

@@ -21,10 +21,14 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import ClusterError
 from nbtoolkit.model.cluster import RankCallResult, RankFailure  # plain data: re-exported here
+
+if TYPE_CHECKING:
+    from nbtoolkit.cluster.hang_watch import StallWatch
+    from nbtoolkit.model.hang import HangReport
 
 __all__ = ["RankCallResult", "RankFailure", "RankGroup", "RankInfo"]
 
@@ -64,7 +68,7 @@ def _with_control_group(cls: type) -> type:
     import ray
 
     namespace: dict[str, Any] = {}
-    for name in ("take_output", "state", "interrupt"):
+    for name in ("take_output", "state", "interrupt", "poll", "hang_state"):
         method = getattr(cls, name)
 
         def make(method: Any) -> Any:
@@ -108,6 +112,9 @@ def _rank_info(rank: int, info: dict[str, Any]) -> RankInfo:
 
 class RankGroup:
     """N rank actors forming one torch.distributed group."""
+
+    #: The diagnosis of the last stall (or Ctrl-C) of a cell, for ``Cluster.hang_report()``.
+    last_hang_report: HangReport | None = None
 
     def __init__(
         self,
@@ -225,16 +232,26 @@ class RankGroup:
         method: str,
         *args: Any,
         on_output: OutputCallback | None = None,
+        watch: StallWatch | None = None,
     ) -> RankCallResult:
-        """Call ``method(*args)`` on each of ``ranks`` and wait for all, streaming output."""
+        """Call ``method(*args)`` on each of ``ranks`` and wait for all, streaming output.
+
+        ``watch`` (a :class:`~nbtoolkit.cluster.hang_watch.StallWatch`) diagnoses a stall.
+        """
         self.check_usable(ranks)
         refs = {getattr(self.actors[r], method).remote(*args): r for r in ranks}
         result = RankCallResult()
         for r in ranks:
             self.ranks[r].state = "busy"
         try:
-            self._wait(refs, result, on_output)
-        except KeyboardInterrupt:
+            self._wait(refs, result, on_output, watch)
+        except KeyboardInterrupt as exc:
+            from nbtoolkit.cluster.hang_watch import StopOnHang, note_interrupt
+
+            if isinstance(exc, StopOnHang):
+                result.interrupt_reason = "after the hang diagnosis"
+            else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
+                note_interrupt(self)
             result.interrupted = True
             self._interrupt([refs[ref] for ref in refs if refs[ref] not in result.outcomes])
             self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
@@ -252,7 +269,13 @@ class RankGroup:
                     info.state, info.cause = "broken", f"its process group lost rank {dead}"
         return result
 
-    def _wait(self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None) -> None:
+    def _wait(
+        self,
+        refs: dict[Any, int],
+        result: RankCallResult,
+        on_output: OutputCallback | None,
+        watch: StallWatch | None = None,
+    ) -> None:
         import ray
 
         pending = list(refs)
@@ -283,8 +306,13 @@ class RankGroup:
                         {ref: refs[ref] for ref in pending}, result, on_output, _INTERRUPT_GRACE_S
                     )
                     return
-            if on_output is not None:
-                self._stream([refs[ref] for ref in pending], on_output)
+            if watch is not None:
+                for ref in ready:
+                    watch.finished(refs[ref])
+            if on_output is not None or watch is not None:
+                self._stream([refs[ref] for ref in pending], on_output, watch)
+            if watch is not None:
+                watch.check(self)
             timeout = _POLL_S
         if on_output is not None:
             self._flush_outcomes(result, on_output)
@@ -393,18 +421,24 @@ class RankGroup:
                 "elapsed_s": 0.0,
             }
 
-    def _stream(self, ranks: list[int], on_output: OutputCallback) -> None:
+    def _stream(
+        self, ranks: list[int], on_output: OutputCallback | None, watch: StallWatch | None = None
+    ) -> None:
+        """Pass on what the ranks printed; tell the watch who made progress."""
         import ray
 
-        refs = {self.actors[r].take_output.remote(): r for r in ranks if self.ranks[r].state != "dead"}
+        refs = {self.actors[r].poll.remote(): r for r in ranks if self.ranks[r].state != "dead"}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=2.0)
         for ref in ready:
             try:
-                chunks = ray.get(ref)
+                polled = ray.get(ref)
             except ray.exceptions.RayError:
                 continue  # the rank died meanwhile; its main call reports it
-            for stream, text in chunks:
-                on_output(refs[ref], stream, text)
+            if watch is not None:
+                watch.observe(refs[ref], polled.get("completed"), bool(polled["output"]))
+            for stream, text in polled["output"]:
+                if on_output is not None:
+                    on_output(refs[ref], stream, text)
 
     def _flush_outcomes(self, result: RankCallResult, on_output: OutputCallback) -> None:
         for rank in sorted(result.outcomes):

@@ -18,6 +18,7 @@ from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.cluster import PROFILE_STEPS, RemoteRun
 
 if TYPE_CHECKING:
+    from nbtoolkit.cluster.hang_watch import StallWatch
     from nbtoolkit.cluster.ranks import RankGroup
     from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.trace import Trace
@@ -32,9 +33,19 @@ class ClusterRunning:
     """The running half of :class:`~nbtoolkit.cluster.cluster.Cluster`; see its methods."""
 
     _world_size: int
+    #: Seconds without progress on any rank before a running cell shows the hang diagnosis
+    #: (None: $NBT_HANG_AFTER_S, else 30; 0 turns it off). A call's ``hang_after_s`` wins.
+    hang_after_s: float | None = None
 
     def _live_group(self) -> RankGroup:  # provided by Cluster (its lifecycle owns the ranks)
         raise NotImplementedError
+
+    def _stall_watch(self, hang_after_s: float | None, on_hang: str) -> StallWatch | None:
+        from nbtoolkit.cluster.hang_watch import StallWatch, hang_after
+
+        seconds = hang_after(hang_after_s if hang_after_s is not None else self.hang_after_s)
+        watch = StallWatch(seconds, on_hang=on_hang)
+        return watch if watch.enabled else None
 
     def execute(
         self,
@@ -44,28 +55,49 @@ class ClusterRunning:
         on_output: OutputCallback | None = None,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
     ) -> RemoteRun:
         """Run a cell (source text, in each rank's namespace) or call a function on each rank.
 
         Never raises for a failure on the ranks: the returned :class:`RemoteRun` holds
         values, remote tracebacks and dead ranks (``.raise_for_errors()``). ``on_output``
         receives ``(rank, stream, text)`` as the ranks print.
+
+        When no rank makes progress (no collective completes, nothing is printed) for
+        ``hang_after_s`` seconds (default :attr:`hang_after_s`), the hang diagnosis is shown
+        (:meth:`hang_report`'s text); then the call keeps waiting (``on_hang="wait"``:
+        Ctrl-C stops it) or stops like Ctrl-C (``on_hang="interrupt"``).
         """
         group = self._live_group()
         chosen = parse_ranks(ranks, self._world_size)
+        watch = self._stall_watch(hang_after_s, on_hang)
         if isinstance(code_or_fn, str):
-            raw = group.call(chosen, "run_cell", code_or_fn, on_output=on_output)
+            raw = group.call(chosen, "run_cell", code_or_fn, on_output=on_output, watch=watch)
         elif callable(code_or_fn):
-            raw = group.call(chosen, "run_function", code_or_fn, args, kwargs or {}, on_output=on_output)
+            raw = group.call(
+                chosen, "run_function", code_or_fn, args, kwargs or {}, on_output=on_output, watch=watch
+            )
         else:
             raise NbtUsageError(f"run takes cell source (str) or a function, got {type(code_or_fn).__name__}")
         return RemoteRun(chosen, raw)
 
     def run(
-        self, code_or_fn: Step, *, ranks: RankSpec = None, on_output: OutputCallback | None = None
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
     ) -> list[Any]:
-        """One result per rank, in rank order; raises :class:`RemoteCellError` if any rank failed."""
-        result = self.execute(code_or_fn, ranks=ranks, on_output=on_output)
+        """One result per rank, in rank order; raises :class:`RemoteCellError` if any rank failed.
+
+        ``hang_after_s`` and ``on_hang``: the stall diagnosis, see :meth:`execute`.
+        """
+        result = self.execute(
+            code_or_fn, ranks=ranks, on_output=on_output, hang_after_s=hang_after_s, on_hang=on_hang
+        )
         result.raise_for_errors()
         return result.value_list()
 
@@ -79,6 +111,8 @@ class ClusterRunning:
         memory: bool = False,
         model: str | None = None,
         optimizer: str | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
     ) -> RemoteRun | Trace | RankMemory | None:
         """Run a notebook cell on the ranks the way ``%%nbt remote`` does.
 
@@ -88,6 +122,7 @@ class ClusterRunning:
         expression), with ``profile=True`` a multi-rank Trace of ``steps`` runs, with
         ``memory=True`` a RankMemory (``model``/``optimizer``: variable names on the ranks).
         Raises :class:`~nbtoolkit.errors.RemoteCellError` when the cell failed on any rank.
+        ``hang_after_s``/``on_hang``: the stall diagnosis of a plain run (see :meth:`execute`).
         """
         from nbtoolkit.cluster.output import RankPrefixedPrinter
         from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
@@ -104,7 +139,9 @@ class ClusterRunning:
                 if memory:
                     names = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v}
                     return self.memory(source, ranks=ranks, on_output=printer, **names)
-                result = self.execute(source, ranks=ranks, on_output=printer)
+                result = self.execute(
+                    source, ranks=ranks, on_output=printer, hang_after_s=hang_after_s, on_hang=on_hang
+                )
                 result.raise_for_errors()  # inside: the progress line then ends with "stopped"
         finally:
             printer.flush()
@@ -124,7 +161,14 @@ class ClusterRunning:
         group = self._live_group()
         chosen = parse_ranks(ranks, self._world_size)
         raw = group.call(
-            chosen, "run_tool", "nbtoolkit.cluster.rank_tools", name, code_or_fn, kwargs, on_output=on_output
+            chosen,
+            "run_tool",
+            "nbtoolkit.cluster.rank_tools",
+            name,
+            code_or_fn,
+            kwargs,
+            on_output=on_output,
+            watch=self._stall_watch(None, "wait"),
         )
         result = RemoteRun(chosen, raw)
         result.raise_for_errors()

@@ -16,6 +16,7 @@ from nbtoolkit.model.cluster import (
     PLACEMENT_STRATEGIES,
     PROFILE_STEPS,
 )
+from nbtoolkit.model.hang import HANG_AFTER_ENV, HANG_AFTER_S
 
 
 def _cluster(args: Any, call: MagicCall) -> Any:
@@ -43,6 +44,8 @@ def _remote(args: Any, call: MagicCall) -> Any:
         memory=args.memory,
         model=args.model,
         optimizer=args.optimizer,
+        hang_after_s=args.hang_after,
+        on_hang="interrupt" if args.stop_on_hang else "wait",
     )
 
 
@@ -71,7 +74,9 @@ register(
         mode="line",
         arguments=(
             Argument(
-                "action", choices=CLUSTER_ACTIONS, help="start N | connect ADDRESS | status | restart | stop"
+                "action",
+                choices=CLUSTER_ACTIONS,
+                help="start N | connect ADDRESS | status | restart | stop | why (the hang diagnosis)",
             ),
             Argument(
                 "target",
@@ -129,6 +134,18 @@ register(
             Argument("--memory", action="store_true", help="memory timeline of the cell on each rank"),
             Argument("--model", default=None, help="with --memory: the model's variable name on the ranks"),
             Argument("--optimizer", default=None, help="with --memory: the optimizer's variable name"),
+            Argument(
+                "--hang-after",
+                type=float,
+                default=None,
+                help=f"seconds without progress on any rank before the hang diagnosis shows "
+                f"(default ${HANG_AFTER_ENV}, else {HANG_AFTER_S:g}; 0: off)",
+            ),
+            Argument(
+                "--stop-on-hang",
+                action="store_true",
+                help="stop the cell (like Ctrl-C) after showing the hang diagnosis, instead of waiting",
+            ),
         ),
         handler=_remote,
     )

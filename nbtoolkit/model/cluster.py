@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: What ``cluster_command`` (``%nbt cluster ACTION``) can do.
-CLUSTER_ACTIONS = ("start", "connect", "status", "stop", "restart")
+CLUSTER_ACTIONS = ("start", "connect", "status", "stop", "restart", "why")
 #: Ranks of a local cluster when no number is given (``%nbt cluster start``, ``Cluster.local()``).
 DEFAULT_RANKS = 2
 #: How ranks are placed over nodes (Ray's placement-group strategies, lower case).
@@ -73,6 +73,7 @@ class RankCallResult:
     freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
     regroup_error: str | None = None  # why no new process group could be formed after freeing them
     interrupted: bool = False
+    interrupt_reason: str = "Ctrl-C"  # what interrupted the call (the hang detector's stop says so)
 
 
 def rank_label(ranks: list[int]) -> str:
@@ -111,6 +112,7 @@ class RemoteRun(Result):
         self.freed = list(raw.freed)
         self.regroup_error = raw.regroup_error
         self.interrupted = raw.interrupted
+        self.interrupt_reason = raw.interrupt_reason
 
     @property
     def ok(self) -> bool:
@@ -130,7 +132,7 @@ class RemoteRun(Result):
         failed = sorted(set(self.errors) | set(self.dead) | set(self.stuck))
         parts = []
         if self.interrupted:
-            parts.append(f"interrupted (Ctrl-C) on {rank_label(self.ranks)}")
+            parts.append(f"interrupted ({self.interrupt_reason}) on {rank_label(self.ranks)}")
         if self.dead:
             deaths = "; ".join(f"rank {r} died: {cause}" for r, cause in sorted(self.dead.items()))
             parts.append(

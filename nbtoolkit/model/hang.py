@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "HANG_AFTER_ENV",
+    "HANG_AFTER_S",
     "RANK_STATES",
     "VERDICT_KINDS",
     "CollectiveCall",
@@ -31,6 +33,11 @@ __all__ = [
     "RankHang",
     "user_place",
 ]
+
+#: Seconds without progress on any rank (no collective completed, no output) before a running
+#: cell shows the hang diagnosis; the environment variable below overrides it, 0 turns it off.
+HANG_AFTER_S = 30.0
+HANG_AFTER_ENV = "NBT_HANG_AFTER_S"
 
 #: What a rank is doing: waiting in a collective, running Python outside any collective,
 #: done with the cell, gone, not answering, or (Flight Recorder) no collective pending.
@@ -198,8 +205,12 @@ class HangReport(Result):
     def _html(self) -> str:
         colour = "#c62828" if self.hung else "#1565c0"
         rows = "".join(f"<div>{escape(self._rank_line(r).strip())}</div>" for r in self.ranks)
-        verdicts = "".join(f"<div style='color:{colour}'><b>⇒ {escape(v.message)}</b></div>" for v in self.verdicts)
-        stalled = f" after {escape(format_seconds(self.stalled_s))} without progress" if self.stalled_s else ""
+        verdicts = "".join(
+            f"<div style='color:{colour}'><b>⇒ {escape(v.message)}</b></div>" for v in self.verdicts
+        )
+        stalled = (
+            f" after {escape(format_seconds(self.stalled_s))} without progress" if self.stalled_s else ""
+        )
         return (
             f"<div class='nbt-hang' style='font-family:monospace'><b>hang diagnosis</b> "
             f"({escape(self.source)}){stalled}{rows}{verdicts}</div>"
