@@ -42,6 +42,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "Comparison": "nbtoolkit.model.comparison",
     "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
+    "HangReport": "nbtoolkit.model.hang",
     "MeasureConfig": "nbtoolkit.optimizations.config",
     "Measurement": "nbtoolkit.model.comparison",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
@@ -59,6 +60,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "idle_breakdown": "nbtoolkit.analysis.breakdown",
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
     "load_compile_log": "nbtoolkit.io.compile_log",
+    "load_flight_recorder": "nbtoolkit.io.flight_recorder",
     "load_memory_snapshot": "nbtoolkit.io.snapshot",
     "load_memory_timeline": "nbtoolkit.io.snapshot",
     "load_trace": "nbtoolkit.io.kineto",
@@ -102,6 +104,7 @@ _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
     "nbtoolkit.io.kineto",
     "nbtoolkit.analysis.graph_breaks",
+    "nbtoolkit.analysis.hang",
     "nbtoolkit.analysis.memory",
     "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
@@ -157,11 +160,13 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.cluster.cluster import Cluster
     from nbtoolkit.datasets import locate_data
     from nbtoolkit.io.compile_log import load_compile_log
+    from nbtoolkit.io.flight_recorder import load_flight_recorder
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.io.snapshot_export import export_memory_snapshot
     from nbtoolkit.model.comparison import Comparison, Measurement
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
+    from nbtoolkit.model.hang import HangReport
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan

@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from nbtoolkit.model._providers import provides
 from nbtoolkit.model.hang import CollectiveCall, HangReport, HangVerdict, RankHang, user_place
 
-__all__ = ["diagnose_hang"]
+__all__ = ["diagnose_hang", "report_verdicts"]
 
 
 def _label(ranks: Sequence[int]) -> str:
@@ -78,7 +79,19 @@ def diagnose_hang(
                 waiting=tuple(r.rank for r in waiting),
             )
         )
-    return HangReport(list(ranks), verdicts, stalled_s=stalled_s, source=source)
+    return HangReport(
+        list(ranks),
+        verdicts,
+        stalled_s=stalled_s,
+        source=source,
+        members={g: list(r) for g, r in members.items()} if members else None,
+    )
+
+
+@provides("HangReport.verdicts")
+def report_verdicts(report: HangReport) -> list[HangVerdict]:
+    """The verdicts of a report that was read without them (Flight Recorder dumps)."""
+    return diagnose_hang(report.ranks, members=report.members).verdicts
 
 
 def _nobody_waits(ranks: Sequence[RankHang]) -> list[HangVerdict]:

@@ -141,15 +141,26 @@ class HangReport(Result):
     def __init__(
         self,
         ranks: list[RankHang],
-        verdicts: list[HangVerdict],
+        verdicts: list[HangVerdict] | None = None,
         *,
         stalled_s: float | None = None,
         source: str = "live ranks",
+        members: dict[str, list[int]] | None = None,
     ) -> None:
         self.ranks = ranks
-        self.verdicts = verdicts
+        self._verdicts = verdicts
         self.stalled_s = stalled_s  # how long no rank made progress, when known
         self.source = source
+        self.members = members  # process group -> its ranks (None: every group holds every rank)
+
+    @property
+    def verdicts(self) -> list[HangVerdict]:
+        """The findings; computed on first use when the report was read from files."""
+        if self._verdicts is None:
+            from nbtoolkit.model._providers import provided
+
+            self._verdicts = list(provided("HangReport.verdicts")(self))
+        return self._verdicts
 
     @property
     def hung(self) -> bool:

@@ -1,0 +1,155 @@
+"""Read PyTorch Flight Recorder dumps (one file per rank) into a :class:`~nbtoolkit.model.hang.HangReport`.
+
+    report = nbt.load_flight_recorder("dumps/")   # files like nccl_trace_rank_0 ... _3
+    print(report)                                  # per rank: where it waits; then the verdicts
+    report.frame()
+
+A dump is what ``torch._C._distributed_c10d._dump_fr_trace()`` returns (a pickle; torch
+writes it to ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` when NCCL's watchdog fires) or its JSON form
+(``_dump_fr_trace_json()``). The rank is the number at the end of the file name, as torch's
+``fr_trace`` reads it. Pickles are read with an unpickler that loads no class or function
+(builtin containers and scalars only), so a hostile file cannot run code.
+
+From each entry we take: the process group, ``collective_seq_id``, the op (``profiling_name``
+without its ``nccl:``/``gloo:`` prefix), ``input_sizes``/``input_dtypes`` and the first
+frame of the stack outside torch and Python's own library (the user's line). An entry counts
+as completed when its state says so or when the group's ``pg_status`` has
+``last_completed_collective`` at or past it (gloo entries stay "scheduled": only that
+counter moves). Point-to-point entries (``is_p2p``) are left out.
+
+torch 2.13 quirk handled here: a gloo dump lists the default group in ``pg_config`` under the
+name ``""`` while its entries call it ``"0"`` (ProcessGroupGloo registers with the recorder
+before ``init_process_group`` sets the name); the lone unnamed group is read as the name the
+entries use. torch's own ``fr_trace`` fails on such a file with ``KeyError: ('0', 1)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from nbtoolkit.errors import SnapshotError, TraceError
+from nbtoolkit.io.snapshot import restricted_loads
+from nbtoolkit.model.hang import CollectiveCall, HangReport, RankHang
+
+__all__ = ["load_flight_recorder", "read_dump", "repair_pg_config"]
+
+_RANK_AT_END = re.compile(r"(\d+)(?:\.json)?$")
+_MAX_DUMP_BYTES = 512 * 1024 * 1024
+
+
+def read_dump(path: str | Path) -> dict[str, Any]:
+    """One rank's dump as plain data (pickle or JSON), with a clear error when it is not one."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > _MAX_DUMP_BYTES:
+        raise TraceError(f"{path} is {size} bytes: too large for a Flight Recorder dump; pass the dump files")
+    data = path.read_bytes()
+    try:
+        dump = json.loads(data) if data[:1] == b"{" else restricted_loads(data, name=str(path))
+    except (SnapshotError, ValueError) as exc:
+        raise TraceError(
+            f"{path} is not a readable Flight Recorder dump ({exc}); dump it with "
+            "torch._C._distributed_c10d._dump_fr_trace() (pickle) or _dump_fr_trace_json()"
+        ) from None
+    if not isinstance(dump, dict) or "entries" not in dump:
+        raise TraceError(f"{path} is not a Flight Recorder dump: no 'entries' in it")
+    return dump
+
+
+def repair_pg_config(dump: dict[str, Any]) -> dict[str, Any]:
+    """``pg_config`` with gloo's unnamed default group under the name its entries use (see module doc)."""
+    config = dict(dump.get("pg_config") or {})
+    used = {str(e["process_group"][0]) for e in dump.get("entries", []) if e.get("process_group")}
+    missing = sorted(used - set(config))
+    if "" in config and len(missing) == 1:
+        config[missing[0]] = config.pop("")
+    return config
+
+
+def _group_label(name: str, desc: str | None) -> str:
+    return desc if desc and desc != "undefined" else name
+
+
+def _user_frame(frames: list[dict[str, Any]]) -> tuple[str | None, int | None]:
+    for frame in frames or []:
+        file = str(frame.get("filename", ""))
+        normal = file.replace("\\", "/")
+        if "/torch/" in normal or "site-packages" in normal or "/lib/python" in normal or file.startswith("<"):
+            continue
+        return file, int(frame.get("line", 0)) or None
+    return None, None
+
+
+def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
+    status = dump.get("pg_status") or {}
+    calls = []
+    for entry in dump.get("entries", []):
+        if entry.get("is_p2p"):
+            continue
+        name, desc = (list(entry.get("process_group") or ("?", "")) + [""])[:2]
+        seq = int(entry.get("collective_seq_id", 0))
+        done_upto = (status.get(str(entry.get("pg_id"))) or {}).get("last_completed_collective", -1)
+        file, line = _user_frame(entry.get("frames", []))
+        calls.append(
+            CollectiveCall(
+                rank=rank,
+                group=_group_label(str(name), desc),
+                seq=seq,
+                op=str(entry.get("profiling_name", "?")).split(":")[-1],
+                sizes=tuple(tuple(int(d) for d in s) for s in entry.get("input_sizes") or ()),
+                dtypes=tuple(str(d) for d in entry.get("input_dtypes") or ()),
+                completed=entry.get("state") == "completed" or seq <= int(done_upto),
+                file=file,
+                line=line,
+            )
+        )
+    pending = any(not c.completed for c in calls)
+    return RankHang(rank, "in collective" if pending else "no collective pending", calls)
+
+
+def _members(dump: dict[str, Any]) -> dict[str, list[int]]:
+    names = {str(e["process_group"][0]): e["process_group"][1] for e in dump["entries"] if e.get("process_group")}
+    out = {}
+    for name, config in repair_pg_config(dump).items():
+        ranks = config.get("ranks", [])
+        ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
+        out[_group_label(name, names.get(name) or config.get("desc"))] = [int(r) for r in ranks]
+    return out
+
+
+def load_flight_recorder(folder: str | Path) -> HangReport:
+    """The hang diagnosis of the Flight Recorder dumps in ``folder`` (one file per rank).
+
+    Every file whose name ends in a rank number is read (``rank0``, ``nccl_trace_rank_3``,
+    ``fr_2.json``). The verdicts match torch's ``fr_trace`` analyzer: a collective that not
+    all ranks joined (the skipped collective, with the missing ranks), a size mismatch, ops
+    that differ at one sequence number. See :mod:`nbtoolkit.analysis.hang` for the rules.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise TraceError(f"no folder at {root}: pass the folder holding one Flight Recorder dump per rank")
+    dumps: dict[int, dict[str, Any]] = {}
+    for path in sorted(root.iterdir()):
+        match = _RANK_AT_END.search(path.name)
+        if not path.is_file() or match is None or path.name.startswith("."):
+            continue
+        rank = int(match.group(1))
+        if rank in dumps:
+            raise TraceError(f"two dumps for rank {rank} in {root}: keep one file per rank")
+        dumps[rank] = read_dump(path)
+    if not dumps:
+        raise TraceError(
+            f"no Flight Recorder dumps in {root}: expected one file per rank whose name ends in the rank "
+            f"(found {', '.join(sorted(os.listdir(root))[:5]) or 'nothing'})"
+        )
+    members: dict[str, list[int]] = {}
+    for dump in dumps.values():
+        for group, ranks in _members(dump).items():
+            members.setdefault(group, ranks)
+    ranks = [_rank_of(dumps[r], r) for r in sorted(dumps)]
+    return HangReport(ranks, source=f"Flight Recorder dumps in {root.name}", members=members)
