@@ -13,9 +13,10 @@ writes it to ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` when NCCL's watchdog fires) or i
 From each entry we take: the process group, ``collective_seq_id``, the op (``profiling_name``
 without its ``nccl:``/``gloo:`` prefix), ``input_sizes``/``input_dtypes`` and the first
 frame of the stack outside torch and Python's own library (the user's line). An entry counts
-as completed when its state says so or when the group's ``pg_status`` has
-``last_completed_collective`` at or past it (gloo entries stay "scheduled": only that
-counter moves). Point-to-point entries (``is_p2p``) are left out.
+as completed when its state says so, when it is ``retired`` (the recorder retires an entry
+when its work finished), or when the group's ``pg_status`` has ``last_completed_collective``
+at or past it. Gloo entries stay "scheduled" whatever happens, and that counter lags (measured:
+2 while entry 3 was retired), so ``retired`` is what tells for gloo. Point-to-point entries (``is_p2p``) are left out.
 
 torch 2.13 quirk handled here: a gloo dump lists the default group in ``pg_config`` under the
 name ``""`` while its entries call it ``"0"`` (ProcessGroupGloo registers with the recorder
@@ -103,7 +104,9 @@ def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
                 op=str(entry.get("profiling_name", "?")).split(":")[-1],
                 sizes=tuple(tuple(int(d) for d in s) for s in entry.get("input_sizes") or ()),
                 dtypes=tuple(str(d) for d in entry.get("input_dtypes") or ()),
-                completed=entry.get("state") == "completed" or seq <= int(done_upto),
+                completed=entry.get("state") == "completed"
+                or bool(entry.get("retired"))
+                or seq <= int(done_upto),
                 file=file,
                 line=line,
             )
