@@ -25,7 +25,7 @@ collective with the same ``s`` and ranks, its size mismatch our size mismatch.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nbtoolkit.model._providers import provides
 from nbtoolkit.model.hang import CollectiveCall, HangReport, HangVerdict, RankHang, user_place
@@ -50,7 +50,7 @@ def _at(call: CollectiveCall) -> str:
 def diagnose_hang(
     ranks: Sequence[RankHang],
     *,
-    members: dict[str, Sequence[int]] | None = None,
+    members: Mapping[str, Sequence[int]] | None = None,
     stalled_s: float | None = None,
     source: str = "live ranks",
 ) -> HangReport:

@@ -16,7 +16,8 @@ frame of the stack outside torch and Python's own library (the user's line). An 
 as completed when its state says so, when it is ``retired`` (the recorder retires an entry
 when its work finished), or when the group's ``pg_status`` has ``last_completed_collective``
 at or past it. Gloo entries stay "scheduled" whatever happens, and that counter lags (measured:
-2 while entry 3 was retired), so ``retired`` is what tells for gloo. Point-to-point entries (``is_p2p``) are left out.
+2 while entry 3 was retired), so ``retired`` is what tells for gloo. Point-to-point entries
+(``is_p2p``) are left out.
 
 torch 2.13 quirk handled here: a gloo dump lists the default group in ``pg_config`` under the
 name ``""`` while its entries call it ``"0"`` (ProcessGroupGloo registers with the recorder
@@ -80,7 +81,8 @@ def _user_frame(frames: list[dict[str, Any]]) -> tuple[str | None, int | None]:
     for frame in frames or []:
         file = str(frame.get("filename", ""))
         normal = file.replace("\\", "/")
-        if "/torch/" in normal or "site-packages" in normal or "/lib/python" in normal or file.startswith("<"):
+        library = "/torch/" in normal or "site-packages" in normal or "/lib/python" in normal
+        if library or file.startswith("<"):
             continue
         return file, int(frame.get("line", 0)) or None
     return None, None
@@ -92,7 +94,7 @@ def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
     for entry in dump.get("entries", []):
         if entry.get("is_p2p"):
             continue
-        name, desc = (list(entry.get("process_group") or ("?", "")) + [""])[:2]
+        name, desc = [*(entry.get("process_group") or ("?", "")), ""][:2]
         seq = int(entry.get("collective_seq_id", 0))
         done_upto = (status.get(str(entry.get("pg_id"))) or {}).get("last_completed_collective", -1)
         file, line = _user_frame(entry.get("frames", []))
@@ -116,7 +118,8 @@ def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
 
 
 def _members(dump: dict[str, Any]) -> dict[str, list[int]]:
-    names = {str(e["process_group"][0]): e["process_group"][1] for e in dump["entries"] if e.get("process_group")}
+    entries = [e for e in dump["entries"] if e.get("process_group")]
+    names = {str(e["process_group"][0]): e["process_group"][1] for e in entries}
     out = {}
     for name, config in repair_pg_config(dump).items():
         ranks = config.get("ranks", [])
@@ -154,5 +157,5 @@ def load_flight_recorder(folder: str | Path) -> HangReport:
     for dump in dumps.values():
         for group, ranks in _members(dump).items():
             members.setdefault(group, ranks)
-    ranks = [_rank_of(dumps[r], r) for r in sorted(dumps)]
-    return HangReport(ranks, source=f"Flight Recorder dumps in {root.name}", members=members)
+    rank_hangs = [_rank_of(dumps[r], r) for r in sorted(dumps)]
+    return HangReport(rank_hangs, source=f"Flight Recorder dumps in {root.name}", members=members)
