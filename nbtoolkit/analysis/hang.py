@@ -14,8 +14,9 @@ Algorithm (:func:`diagnose_hang`), per process group in which some rank waits:
      Flight Recorder dump, has nothing pending), it is *outside any collective* if it runs
      Python elsewhere (its line says where), it waits in *another process group*, or it is
      dead, unresponsive, or left no dump.
-3. When nobody waits: every rank finished (no hang), or some compute (a slow step, not a
-   collective hang).
+3. When every member waits in the same collective: *waiting together* (the collective itself
+   or the network is stuck). When nobody waits: every rank finished (no hang), or some compute
+   (a slow step, not a collective hang).
 
 This matches what torch's Flight Recorder analyzer (``fr_trace``) reports for a dump: its
 "Not all ranks joining collective, sequence number: s ... missing ranks" is our skipped
@@ -72,7 +73,7 @@ def diagnose_hang(
         front = [r.current for r in waiting if r.current is not None]
         verdicts.append(
             HangVerdict(
-                kind="no hang",
+                kind="waiting together",
                 message=f"{_wait([r.rank for r in waiting])} in matching collectives "
                 f"({', '.join(sorted({c.label for c in front}))}): every member is there; the "
                 "collective is slow, or the network or backend is stuck",

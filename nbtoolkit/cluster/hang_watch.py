@@ -5,7 +5,9 @@ poll brings each rank's output and its count of completed collectives (the rank'
 ``poll``). When none of those moved for ``after_s`` seconds, the watch asks every rank for
 its collectives and its stack (``hang_state``, answered on the rank's control thread while
 the cell stays blocked), builds a :class:`~nbtoolkit.model.hang.HangReport` with
-:func:`~nbtoolkit.analysis.hang.diagnose_hang`, and shows it once. Then it keeps waiting
+:func:`~nbtoolkit.analysis.hang.diagnose_hang`, and shows it once, when it finds a hang: ranks
+that all compute (a long step without output) are left alone and looked at again a threshold
+later. Then it keeps waiting
 (Ctrl-C frees the ranks as before), or, with ``on_hang="interrupt"``, stops the cell the
 way Ctrl-C does. Progress after a diagnosis re-arms it.
 """
@@ -173,8 +175,13 @@ class StallWatch:
         stalled = time.monotonic() - self._last_progress
         if not self.enabled or self._reported or stalled < self.after_s:
             return
+        report = diagnose_hang(ask_ranks(group), stalled_s=stalled)
+        if not report.hung:
+            # Every rank computes (or finished): a long step, not a hang. Look again a threshold later.
+            self._last_progress = time.monotonic()
+            return
         self._reported = True
-        self.report = diagnose_hang(ask_ranks(group), stalled_s=stalled)
+        self.report = report
         self.diagnosed_after_s = time.monotonic() - self._last_progress
         group.last_hang_report = self.report
         if self.on_hang == "interrupt":

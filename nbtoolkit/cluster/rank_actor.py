@@ -289,7 +289,7 @@ class RankActor:
         if interface and interface != "lo":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
-        # torch's Flight Recorder (NCCL, and gloo since torch 2.7): each rank's last collectives,
+        # torch's Flight Recorder (NCCL; gloo too, checked on torch 2.13): each rank's last collectives,
         # for _dump_fr_trace() and nbt.load_flight_recorder. Read when the group forms; 0 turns it off.
         os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         if backend == "nccl":

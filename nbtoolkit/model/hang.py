@@ -54,6 +54,7 @@ VERDICT_KINDS = (
     "dead rank",
     "unresponsive rank",
     "no dump",
+    "waiting together",
     "computing",
     "no hang",
 )

@@ -174,6 +174,8 @@ def test_a_bad_threshold_is_a_usage_error(cluster) -> None:
 def test_without_a_hang_nothing_is_shown(cluster, capsys) -> None:
     cell = "import time\nfor i in range(4):\n    dist.all_reduce(torch.ones(2))\n    time.sleep(0.5)\nrank"
     assert cluster.run(cell, hang_after_s=1.5) == [0, 1, 2, 3]
+    # Every rank computing without output is a long step, not a hang: nothing is shown.
+    assert cluster.run("import time\ntime.sleep(4)\nrank", hang_after_s=1.5) == [0, 1, 2, 3]
     assert "hang diagnosis" not in capsys.readouterr().out
     with pytest.raises(RemoteCellError):
         cluster.run("raise ValueError('x')", hang_after_s=1.5)
