@@ -30,7 +30,7 @@ from collections import deque
 from types import FrameType
 from typing import Any
 
-__all__ = ["COLLECTIVES", "CollectiveRecorder", "install", "recorder"]
+__all__ = ["COLLECTIVES", "CollectiveRecorder", "flight_recorder_dump", "install", "recorder"]
 
 #: The torch.distributed functions recorded, and the argument holding what the rank sends.
 COLLECTIVES: dict[str, str | None] = {
@@ -186,6 +186,7 @@ class CollectiveRecorder:
             "code": code,
             "stack": stack,
             "completed": self.completed,
+            "cell_lines": list(self._cell_lines),
         }
 
 
@@ -197,6 +198,16 @@ def _group_name(group: Any) -> str:
     if desc and desc != "undefined":
         return str(desc)
     return str(getattr(group, "group_name", None) or id(group))
+
+
+def flight_recorder_dump() -> bytes | None:
+    """torch's Flight Recorder of this process (pickle bytes), or None where it is off or missing."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]  # stubs lack it
+
+        return bytes(_dump_fr_trace())
+    except Exception:  # an older torch, or a recorder that is off: our own record stands alone
+        return None
 
 
 #: The record of this process (one rank per process).

@@ -99,11 +99,17 @@ def ask_ranks(group: RankGroup, ranks: list[int] | None = None) -> list[RankHang
         except ray.exceptions.RayError as exc:  # died meanwhile, or an older rank without hang_state
             out.append(RankHang(rank, "dead", detail=str(exc).splitlines()[0][:200]))
             continue
+        state, calls = raw["state"], [_call(rank, c) for c in raw["calls"]]
+        torch_view = _from_flight_recorder(rank, raw)
+        if torch_view is not None:
+            calls = torch_view
+            waiting = any(not c.completed for c in calls)
+            state = "in collective" if waiting else ("computing" if state == "in collective" else state)
         out.append(
             RankHang(
                 rank,
-                raw["state"],
-                [_call(rank, c) for c in raw["calls"]],
+                state,
+                calls,
                 file=raw.get("file"),
                 line=raw.get("line"),
                 code=raw.get("code"),
@@ -111,6 +117,32 @@ def ask_ranks(group: RankGroup, ranks: list[int] | None = None) -> list[RankHang
             )
         )
     return out
+
+
+def _from_flight_recorder(rank: int, raw: dict[str, Any]) -> list[CollectiveCall] | None:
+    """The rank's collectives as torch's Flight Recorder has them (NCCL: what the GPU completed).
+
+    None when the rank sent no dump or an unreadable one: our own record is used then.
+    """
+    from dataclasses import replace
+
+    from nbtoolkit.errors import TraceError
+    from nbtoolkit.io.flight_recorder import parse_dump, rank_from_dump
+
+    data = raw.get("flight_recorder")
+    if not data:
+        return None
+    try:
+        dump = parse_dump(data, name=f"rank {rank}'s Flight Recorder")
+    except TraceError:
+        return None
+    lines = raw.get("cell_lines") or []
+
+    def code(call: CollectiveCall) -> str | None:
+        inside = call.file == "<remote-cell>" and call.line is not None and 0 < call.line <= len(lines)
+        return str(lines[call.line - 1]).strip() if inside and call.line is not None else None
+
+    return [replace(c, code=code(c)) for c in rank_from_dump(dump, rank).calls]
 
 
 def show_report(report: HangReport) -> None:

@@ -449,9 +449,13 @@ class RankActor:
 
     def hang_state(self) -> dict[str, Any]:
         """Where the running (or last) cell is: its collectives, its state and its stack now."""
-        from nbtoolkit.cluster.hang_recorder import recorder
+        from nbtoolkit.cluster.hang_recorder import flight_recorder_dump, recorder
 
-        return {"rank": self.rank, **recorder.snapshot()}
+        state = {"rank": self.rank, **recorder.snapshot()}
+        if self._backend == "nccl" or os.environ.get("NBT_HANG_FLIGHT_RECORDER") == "1":
+            # NCCL returns from a collective before the GPU ran it: torch's record says what completed.
+            state["flight_recorder"] = flight_recorder_dump()
+        return state
 
     def state(self) -> dict[str, Any]:
         with self._lock:

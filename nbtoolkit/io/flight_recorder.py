@@ -38,7 +38,7 @@ from nbtoolkit.errors import SnapshotError, TraceError
 from nbtoolkit.io.snapshot import restricted_loads
 from nbtoolkit.model.hang import CollectiveCall, HangReport, RankHang
 
-__all__ = ["load_flight_recorder", "read_dump", "repair_pg_config"]
+__all__ = ["load_flight_recorder", "parse_dump", "rank_from_dump", "read_dump", "repair_pg_config"]
 
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json)?$")
 _MAX_DUMP_BYTES = 512 * 1024 * 1024
@@ -50,16 +50,20 @@ def read_dump(path: str | Path) -> dict[str, Any]:
     size = path.stat().st_size
     if size > _MAX_DUMP_BYTES:
         raise TraceError(f"{path} is {size} bytes: too large for a Flight Recorder dump; pass the dump files")
-    data = path.read_bytes()
+    return parse_dump(path.read_bytes(), name=str(path))
+
+
+def parse_dump(data: bytes, *, name: str = "<bytes>") -> dict[str, Any]:
+    """A dump's bytes (what ``_dump_fr_trace()`` returns, or its JSON form) as plain data."""
     try:
-        dump = json.loads(data) if data[:1] == b"{" else restricted_loads(data, name=str(path))
+        dump = json.loads(data) if data[:1] == b"{" else restricted_loads(data, name=name)
     except (SnapshotError, ValueError) as exc:
         raise TraceError(
-            f"{path} is not a readable Flight Recorder dump ({exc}); dump it with "
+            f"{name} is not a readable Flight Recorder dump ({exc}); dump it with "
             "torch._C._distributed_c10d._dump_fr_trace() (pickle) or _dump_fr_trace_json()"
         ) from None
     if not isinstance(dump, dict) or "entries" not in dump:
-        raise TraceError(f"{path} is not a Flight Recorder dump: no 'entries' in it")
+        raise TraceError(f"{name} is not a Flight Recorder dump: no 'entries' in it")
     return dump
 
 
@@ -82,15 +86,17 @@ def _user_frame(frames: list[dict[str, Any]]) -> tuple[str | None, int | None]:
         file = str(frame.get("filename", ""))
         normal = file.replace("\\", "/")
         library = "/torch/" in normal or "site-packages" in normal or "/lib/python" in normal
-        if library or file.startswith("<"):
+        if library or (file.startswith("<") and file != "<remote-cell>"):
             continue
         return file, int(frame.get("line", 0)) or None
     return None, None
 
 
-def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
+def rank_from_dump(dump: dict[str, Any], rank: int) -> RankHang:
+    """One rank's collectives in a dump (see the module docstring for what is taken)."""
     status = dump.get("pg_status") or {}
-    calls = []
+    calls: list[CollectiveCall] = []
+    last_seq: dict[str, int] = {}
     for entry in dump.get("entries", []):
         if entry.get("is_p2p"):
             continue
@@ -98,10 +104,16 @@ def _rank_of(dump: dict[str, Any], rank: int) -> RankHang:
         seq = int(entry.get("collective_seq_id", 0))
         done_upto = (status.get(str(entry.get("pg_id"))) or {}).get("last_completed_collective", -1)
         file, line = _user_frame(entry.get("frames", []))
+        group = _group_label(str(name), desc)
+        if seq <= last_seq.get(group, 0):
+            # Numbers start again: the group was destroyed and formed anew under the same name
+            # (the recorder outlives groups). Only its newest life is matched.
+            calls = [c for c in calls if c.group != group]
+        last_seq[group] = seq
         calls.append(
             CollectiveCall(
                 rank=rank,
-                group=_group_label(str(name), desc),
+                group=group,
                 seq=seq,
                 op=str(entry.get("profiling_name", "?")).split(":")[-1],
                 sizes=tuple(tuple(int(d) for d in s) for s in entry.get("input_sizes") or ()),
@@ -157,5 +169,5 @@ def load_flight_recorder(folder: str | Path) -> HangReport:
     for dump in dumps.values():
         for group, ranks in _members(dump).items():
             members.setdefault(group, ranks)
-    rank_hangs = [_rank_of(dumps[r], r) for r in sorted(dumps)]
+    rank_hangs = [rank_from_dump(dumps[r], r) for r in sorted(dumps)]
     return HangReport(rank_hangs, source=f"Flight Recorder dumps in {root.name}", members=members)
