@@ -179,3 +179,24 @@ def test_without_a_hang_nothing_is_shown(cluster, capsys) -> None:
     assert "hang diagnosis" not in capsys.readouterr().out
     with pytest.raises(RemoteCellError):
         cluster.run("raise ValueError('x')", hang_after_s=1.5)
+
+
+def test_torch_flight_recorder_as_the_source_gives_the_same_verdict(cluster, capsys) -> None:
+    """The path NCCL ranks take (their collectives return before the GPU ran them), run on gloo:
+    the collectives come from torch's Flight Recorder on each rank instead of our own record."""
+    import ray
+
+    cluster.run("import os\nos.environ['NBT_HANG_FLIGHT_RECORDER'] = '1'")
+    try:
+        cell = "t = torch.ones(256)\ndist.all_reduce(t)\nif rank != 2:\n    dist.all_reduce(t)\n"
+        report, _, _ = _hang(cluster, cell, capsys)
+        own_calls = ray.get(cluster._live_group().actors[0].hang_state.remote())["calls"]  # our own record
+    finally:
+        cluster.run("import os\nos.environ.pop('NBT_HANG_FLIGHT_RECORDER', None)")
+    (verdict,) = report.verdicts
+    assert verdict.kind == "skipped collective" and verdict.culprits == (2,) and verdict.waiting == (0, 1, 3)
+    assert verdict.line == 4 and "(cell line 4)" in verdict.message
+    # torch numbers the collectives of the group the way our own record does.
+    assert verdict.seq == own_calls[-1]["seq"] and own_calls[-1]["op"] == "all_reduce"
+    assert report.ranks[0].current is not None and report.ranks[0].current.code == "dist.all_reduce(t)"
+    _usable_after(cluster)
