@@ -355,17 +355,23 @@ class RankGroup:
 
         stuck = list(result.stuck)
         others = [r for r in range(self.world_size) if r not in stuck and self.ranks[r].state != "dead"]
-        with contextlib.suppress(ClusterError):
-            self._get(
-                [self.actors[r].shutdown_group.remote() for r in others],
-                _INTERRUPT_GRACE_S,
-                "leave the process group",
-            )
+        # Rounds: a blocked rank may wait on peers that are blocked too (gloo's ring: rank 3 waits
+        # on ranks 2 and 0, not on rank 1 that stopped). Each round closes the group on the ranks
+        # that stopped last; the ranks this frees close theirs in the next round.
+        closing, freed = others, []
         pending = {ref: rank for ref, rank in refs.items() if rank in stuck}
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
-        for ref in ready:
-            self._collect(ref, pending[ref], result)
-        freed = [pending[ref] for ref in ready if pending[ref] in result.outcomes]
+        while closing and pending:
+            with contextlib.suppress(ClusterError):
+                self._get(
+                    [self.actors[r].shutdown_group.remote() for r in closing],
+                    _INTERRUPT_GRACE_S,
+                    "leave the process group",
+                )
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
+            for ref in ready:
+                self._collect(ref, pending[ref], result)
+            closing = [pending.pop(ref) for ref in ready]
+            freed += [r for r in closing if r in result.outcomes]
         result.stuck = [r for r in stuck if r not in freed]
         if result.stuck:
             label = ", ".join(str(r) for r in result.stuck)

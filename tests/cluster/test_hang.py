@@ -35,8 +35,8 @@ def cluster() -> Iterator[Any]:
         cl.close()
 
 
-def _hang(cluster: Any, cell: str, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str, float]:
-    """Run a cell that hangs; return the diagnosis, what the cell printed, and seconds to the diagnosis."""
+def _hang(cluster: Any, cell: str, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str, float, Any]:
+    """Run a cell that hangs: the diagnosis, what the cell printed, seconds it took, its RemoteRun."""
     started = time.monotonic()
     result = cluster.execute(cell, hang_after_s=THRESHOLD_S, on_hang="interrupt")
     assert not result.ok and result.interrupted and result.interrupt_reason == "after the hang diagnosis"
@@ -45,7 +45,7 @@ def _hang(cluster: Any, cell: str, capsys: pytest.CaptureFixture[str]) -> tuple[
     out = capsys.readouterr().out
     assert out.startswith("hang diagnosis (live ranks) after "), out
     assert report.stalled_s is not None and THRESHOLD_S <= report.stalled_s < DIAGNOSIS_WITHIN_S
-    return report, out, time.monotonic() - started
+    return report, out, time.monotonic() - started, result
 
 
 def _usable_after(cluster: Any) -> None:
@@ -59,7 +59,7 @@ def test_a_skipped_collective_names_the_rank_that_finished_and_those_waiting(clu
         "if rank != 1:\n"  # 3
         "    dist.all_reduce(t)\n"  # 4: #2, skipped by rank 1
     )
-    report, out, _ = _hang(cluster, cell, capsys)
+    report, out, _, _ = _hang(cluster, cell, capsys)
     (verdict,) = report.verdicts
     assert verdict.kind == "skipped collective"
     assert (verdict.culprits, verdict.waiting, verdict.op, verdict.line) == ((1,), (0, 2, 3), "all_reduce", 4)
@@ -85,7 +85,7 @@ def test_reordered_collectives_name_both_ops_and_lines(cluster, capsys) -> None:
         "    dist.broadcast(b, 0)\n"  # line 6
         "    dist.all_reduce(a)\n"
     )
-    report, _, _ = _hang(cluster, cell, capsys)
+    report, _, _, result = _hang(cluster, cell, capsys)
     kinds = {v.kind for v in report.verdicts}
     assert kinds == {"reordered collectives"}, report
     verdict = report.verdicts[0]
@@ -94,6 +94,10 @@ def test_reordered_collectives_name_both_ops_and_lines(cluster, capsys) -> None:
         f"#{verdict.seq} [default_pg] is all_reduce on ranks 0, 1 (cell line 3) but broadcast on rank 2 "
         "(cell line 6)" in verdict.message
     )
+    # Every rank is blocked in a collective: no interrupt reaches Python, and closing a group on a
+    # rank whose collective is in flight does not end its peers' waits (measured). Fresh ranks:
+    assert sorted(result.stuck) == [0, 1, 2, 3]
+    cluster.restart()
     _usable_after(cluster)
 
 
@@ -105,7 +109,7 @@ def test_a_size_mismatch_names_the_rank_and_both_element_counts(cluster, capsys)
         "grad = torch.ones(n)\n"
         "dist.all_reduce(grad)\n"  # line 3
     )
-    report, _, _ = _hang(cluster, cell, capsys)
+    report, _, _, _ = _hang(cluster, cell, capsys)
     (verdict,) = report.verdicts
     assert verdict.kind == "size mismatch" and verdict.culprits == (2,) and verdict.line == 3
     assert (
@@ -123,7 +127,7 @@ def test_a_rank_stuck_in_time_sleep_outside_any_collective_is_named_with_its_lin
         "        time.sleep(0.1)\n"  # line 4: where rank 3 is stuck (waiting for a file, say)
         "dist.all_reduce(torch.ones(4))\n"  # line 5
     )
-    report, _out, took = _hang(cluster, cell, capsys)
+    report, _, took, _ = _hang(cluster, cell, capsys)
     (verdict,) = report.verdicts
     assert verdict.kind == "outside any collective" and verdict.culprits == (3,) and verdict.line == 4
     assert verdict.waiting == (0, 1, 2) and verdict.op == "all_reduce"
@@ -189,7 +193,7 @@ def test_torch_flight_recorder_as_the_source_gives_the_same_verdict(cluster, cap
     cluster.run("import os\nos.environ['NBT_HANG_FLIGHT_RECORDER'] = '1'")
     try:
         cell = "t = torch.ones(256)\ndist.all_reduce(t)\nif rank != 2:\n    dist.all_reduce(t)\n"
-        report, _, _ = _hang(cluster, cell, capsys)
+        report, _, _, _ = _hang(cluster, cell, capsys)
         own_calls = ray.get(cluster._live_group().actors[0].hang_state.remote())["calls"]  # our own record
     finally:
         cluster.run("import os\nos.environ.pop('NBT_HANG_FLIGHT_RECORDER', None)")
