@@ -138,31 +138,35 @@ def test_a_rank_stuck_in_time_sleep_outside_any_collective_is_named_with_its_lin
     _usable_after(cluster)
 
 
-def test_hang_report_answers_live_from_another_thread_while_the_cell_waits(cluster) -> None:
-    """The on-demand diagnosis while a cell hangs (the detector off), then Ctrl-C's path frees the ranks."""
+def test_hang_report_answers_live_from_another_thread_then_ctrl_c_frees_the_ranks(cluster) -> None:
+    """The on-demand diagnosis while a cell hangs (the detector off), then Ctrl-C frees the ranks."""
+    import _thread
+    import signal
+
     reports: list[Any] = []
 
-    def ask_then_stop() -> None:
+    def ask_then_press_ctrl_c() -> None:
         time.sleep(3)
         reports.append(cluster.hang_report())
-        group = cluster._live_group()
-        group._interrupt(list(range(4)))  # what Ctrl-C does first
+        _thread.interrupt_main()  # what Ctrl-C does in a kernel
 
-    helper = threading.Thread(target=ask_then_stop)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # see test_cluster.ctrl_c_raises
+    helper = threading.Thread(target=ask_then_press_ctrl_c)
     helper.start()
-    result = cluster.execute(
-        "if rank == 0:\n    dist.barrier()\nelse:\n    import time\n    time.sleep(0.1)\n"
-        "    while True:\n        time.sleep(0.05)",
-        hang_after_s=0,
-    )
-    helper.join()
+    try:
+        cell = "if rank == 0:\n    dist.barrier()\nelse:\n    import time\n    while True:\n"
+        cell += "        time.sleep(0.1)\n"
+        result = cluster.execute(cell, hang_after_s=0)
+    finally:
+        helper.join()
+        signal.signal(signal.SIGINT, previous)
     (report,) = reports
+    assert report.source == "live ranks"
     assert report.ranks[0].state == "in collective" and report.ranks[0].current.op == "barrier"
     assert {r.state for r in report.ranks[1:]} == {"computing"}
     assert report.verdicts[0].kind == "outside any collective" and report.verdicts[0].op == "barrier"
-    assert not result.ok
-    if result.stuck:  # rank 0 stayed in the barrier: give every rank a fresh start
-        cluster.restart()
+    assert result.interrupted and result.freed == [0] and not result.stuck
+    assert cluster.hang_report().source == "at Ctrl-C"  # where each rank was when Ctrl-C came
     _usable_after(cluster)
 
 
