@@ -198,6 +198,7 @@ def test_torch_flight_recorder_as_the_source_gives_the_same_verdict(cluster, cap
     cell = "t = torch.ones(256)\ndist.all_reduce(t)\nif rank != 2:\n    dist.all_reduce(t)\n"
     report, _, _, result = _hang(cluster, cell, capsys)
     own_calls = ray.get(cluster._live_group().actors[0].hang_state.remote())["calls"]  # our own record
+    assert len(report.verdicts) == 1, repr(report)
     (verdict,) = report.verdicts
     assert verdict.kind == "skipped collective" and verdict.culprits == (2,) and verdict.waiting == (0, 1, 3)
     assert verdict.line == 4 and "(cell line 4)" in verdict.message
