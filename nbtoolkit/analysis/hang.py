@@ -65,7 +65,10 @@ def diagnose_hang(
     waiting = [r for r in ranks if r.current is not None]
     groups = list(dict.fromkeys(r.current.group for r in waiting if r.current is not None))
     for group in groups:
-        group_members = list(members.get(group, by_rank)) if members else list(by_rank)
+        listed = list(members.get(group, by_rank)) if members else list(by_rank)
+        # A rank that waits in the group is a member, whatever a dump's pg_config says.
+        waiting_here = [r.rank for r in waiting if r.current is not None and r.current.group == group]
+        group_members = sorted(set(listed) | set(waiting_here))
         verdicts += _diagnose_group(group, group_members, by_rank)
     if not waiting:
         verdicts += _nobody_waits(ranks)
