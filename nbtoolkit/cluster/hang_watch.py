@@ -142,7 +142,17 @@ def _from_flight_recorder(rank: int, raw: dict[str, Any]) -> list[CollectiveCall
         inside = call.file == "<remote-cell>" and call.line is not None and 0 < call.line <= len(lines)
         return str(lines[call.line - 1]).strip() if inside and call.line is not None else None
 
-    return [replace(c, code=code(c)) for c in rank_from_dump(dump, rank).calls]
+    # Off NCCL a collective is done when it returns, and gloo's recorder marks it done a moment
+    # later (a dump taken at once still shows it pending: measured): our own record knows sooner.
+    returned = (
+        {(c["group"], c["seq"]) for c in raw["calls"] if c.get("completed")}
+        if raw.get("backend") != "nccl"
+        else set()
+    )
+    return [
+        replace(c, code=code(c), completed=c.completed or (c.group, c.seq) in returned)
+        for c in rank_from_dump(dump, rank).calls
+    ]
 
 
 def show_report(report: HangReport) -> None:

@@ -455,6 +455,7 @@ class RankActor:
         if self._backend == "nccl" or os.environ.get("NBT_HANG_FLIGHT_RECORDER") == "1":
             # NCCL returns from a collective before the GPU ran it: torch's record says what completed.
             state["flight_recorder"] = flight_recorder_dump()
+            state["backend"] = self._backend
         return state
 
     def state(self) -> dict[str, Any]:

@@ -81,11 +81,15 @@ def _group_label(name: str, desc: str | None) -> str:
     return desc if desc and desc != "undefined" else name
 
 
+_OWN_PACKAGE = str(Path(__file__).resolve().parent.parent).replace("\\", "/") + "/"
+
+
 def _user_frame(frames: list[dict[str, Any]]) -> tuple[str | None, int | None]:
     for frame in frames or []:
         file = str(frame.get("filename", ""))
         normal = file.replace("\\", "/")
         library = "/torch/" in normal or "site-packages" in normal or "/lib/python" in normal
+        library = library or normal.startswith(_OWN_PACKAGE)  # nbtoolkit's own wrappers on a rank
         if library or (file.startswith("<") and file != "<remote-cell>"):
             continue
         return file, int(frame.get("line", 0)) or None
