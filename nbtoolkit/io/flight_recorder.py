@@ -169,9 +169,18 @@ def load_flight_recorder(folder: str | Path) -> HangReport:
             f"no Flight Recorder dumps in {root}: expected one file per rank whose name ends in the rank "
             f"(found {', '.join(sorted(os.listdir(root))[:5]) or 'nothing'})"
         )
-    members: dict[str, list[int]] = {}
+    rank_hangs = [rank_from_dump(dumps[r], r) for r in sorted(dumps)]
+    # A group's members: what any rank's pg_config lists, and every rank that called into it
+    # (a re-formed group can be listed with a stale or partial rank list).
+    members: dict[str, set[int]] = {}
     for dump in dumps.values():
         for group, ranks in _members(dump).items():
-            members.setdefault(group, ranks)
-    rank_hangs = [rank_from_dump(dumps[r], r) for r in sorted(dumps)]
-    return HangReport(rank_hangs, source=f"Flight Recorder dumps in {root.name}", members=members)
+            members.setdefault(group, set()).update(ranks)
+    for hang in rank_hangs:
+        for call in hang.calls:
+            members.setdefault(call.group, set()).add(hang.rank)
+    return HangReport(
+        rank_hangs,
+        source=f"Flight Recorder dumps in {root.name}",
+        members={group: sorted(ranks) for group, ranks in members.items()},
+    )
