@@ -29,14 +29,13 @@ is in :mod:`nbtoolkit.model.snapshot_timeline`.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.snapshot_stacks import StackInterner
+from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
 from nbtoolkit.model.snapshot_timeline import snapshot_events
 from nbtoolkit.units import format_bytes, memory_viz_size
 
@@ -110,135 +109,58 @@ class MemorySnapshot(Result):
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     legacy_segment_list: bool = False
+    #: what the reader wants the user to know (filters applied, impossible totals)
+    notes: list[str] = field(default_factory=list)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, snapshot: dict[str, Any], *, source: str = "") -> MemorySnapshot:
-        """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely)."""
-        import pandas as pd
+    def from_dict(
+        cls, snapshot: dict[str, Any], *, source: str = "", keep: SnapshotFilter | None = None
+    ) -> MemorySnapshot:
+        """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely).
 
-        interner = StackInterner()
-        seg_rows = []
-        block_rows = []
-        for index, seg in enumerate(snapshot.get("segments") or []):
-            seg_rows.append(
-                (
-                    index,
-                    int(seg.get("device", 0)),
-                    int(seg["address"]),
-                    int(seg["total_size"]),
-                    int(seg.get("allocated_size", 0)),
-                    int(seg.get("active_size", 0)),
-                    int(seg.get("requested_size", 0)),
-                    int(seg.get("stream", 0)),
-                    str(seg.get("segment_type", "")),
-                    str(seg.get("segment_pool_id", "")),
-                    bool(seg.get("is_expandable", False)),
-                )
-            )
-            offset = 0
-            for block in seg.get("blocks") or []:
-                size = int(block["size"])
-                if "frames" in block:
-                    requested = int(block.get("requested_size", size))
-                    frames = block["frames"]
-                elif block.get("history"):
-                    requested = int(block["history"][0].get("real_size", size))
-                    frames = block["history"][0].get("frames", [])
-                else:
-                    requested = int(block.get("requested_size", size))
-                    frames = []
-                block_rows.append(
-                    (
-                        index,
-                        int(seg.get("device", 0)),
-                        int(block.get("address", int(seg["address"]) + offset)),
-                        offset,
-                        size,
-                        requested,
-                        str(block.get("state", "")),
-                        interner.intern(frames),
-                    )
-                )
-                offset += size
-        segments = pd.DataFrame(
-            seg_rows,
-            columns=[
-                "segment",
-                "device",
-                "address",
-                "total_size",
-                "allocated_size",
-                "active_size",
-                "requested_size",
-                "stream",
-                "segment_type",
-                "pool",
-                "is_expandable",
-            ],
-        )
-        blocks = pd.DataFrame(
-            block_rows,
-            columns=["segment", "device", "address", "offset", "size", "requested_size", "state", "stack_id"],
-        )
-        trace_rows = []
+        ``keep``: devices and a time range to keep (see :mod:`nbtoolkit.model.snapshot_columns`).
+        """
+        columns = SnapshotColumns(keep)
+        columns.add_segments(list(snapshot.get("segments") or []))
         for device, entries in enumerate(snapshot.get("device_traces") or []):
-            for seq, entry in enumerate(entries or []):
-                time_us = entry.get("time_us")
-                trace_rows.append(
-                    (
-                        device,
-                        seq,
-                        str(entry.get("action", "")),
-                        int(entry.get("addr", 0)),
-                        int(entry.get("size", 0)),
-                        int(entry.get("stream", 0)),
-                        float(time_us) if time_us is not None else math.nan,
-                        str(entry.get("compile_context", "")),
-                        str(entry.get("user_metadata", "")),
-                        int(entry.get("device_free", -1)),
-                        interner.intern(entry.get("frames")),
-                    )
-                )
-        trace = pd.DataFrame(
-            trace_rows,
-            columns=[
-                "device",
-                "seq",
-                "action",
-                "addr",
-                "size",
-                "stream",
-                "time_us",
-                "compile_context",
-                "user_metadata",
-                "device_free",
-                "stack_id",
-            ],
-        )
-        annotations = pd.DataFrame(
-            [
-                (
-                    int(a.get("device", 0)),
-                    str(a.get("stage", "")),
-                    str(a.get("name", "")),
-                    float(a.get("time_us", math.nan)),
-                )
-                for a in snapshot.get("external_annotations") or []
-            ],
-            columns=["device", "stage", "name", "time_us"],
-        )
-        return cls(
-            segments=segments,
-            blocks=blocks,
-            trace=trace,
-            annotations=annotations,
-            stacks=interner.stacks,
-            stack_hints=interner.hints,
-            stack_sources=interner.sources,
-            allocator_settings=dict(snapshot.get("allocator_settings") or {}),
+            columns.add_trace(device, list(entries or []))
+        columns.add_annotations(snapshot.get("external_annotations") or [])
+        return cls.from_columns(
+            columns,
             source=source,
+            allocator_settings=dict(snapshot.get("allocator_settings") or {}),
             legacy_segment_list=bool(snapshot.get("legacy_segment_list", False)),
+        )
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: SnapshotColumns,
+        *,
+        source: str = "",
+        allocator_settings: dict[str, Any] | None = None,
+        legacy_segment_list: bool = False,
+    ) -> MemorySnapshot:
+        """The snapshot from columns filled batch by batch (what the streaming reader builds)."""
+        frames = columns.frames()
+        notes = []
+        if columns.keep.active:
+            notes.append(f"filtered while reading: {columns.keep.describe()}")
+        if columns.keep.time_range_us is not None and columns.untimed_entries:
+            notes.append(
+                f"{columns.untimed_entries:,} trace entries record no time_us and were kept: "
+                "the time range could not apply to them"
+            )
+        return cls(
+            **frames,
+            stacks=columns.interner.stacks,
+            stack_hints=columns.interner.hints,
+            stack_sources=columns.interner.sources,
+            allocator_settings=dict(allocator_settings or {}),
+            source=source,
+            legacy_segment_list=legacy_segment_list,
+            notes=notes,
         )
 
     # -- persistence -------------------------------------------------------------------
