@@ -44,6 +44,8 @@ _LAZY_EXPORTS: dict[str, str] = {
     "GraphReport": "nbtoolkit.model.graphs",
     "MeasureConfig": "nbtoolkit.optimizations.config",
     "Measurement": "nbtoolkit.model.comparison",
+    "MemoryDiff": "nbtoolkit.model.memory_reports",
+    "MemoryImbalance": "nbtoolkit.model.memory_reports",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
     "MemoryTimeline": "nbtoolkit.model.memory",
     "OptimizeConfig": "nbtoolkit.optimizations.config",
@@ -61,8 +63,12 @@ _LAZY_EXPORTS: dict[str, str] = {
     "load_compile_log": "nbtoolkit.io.compile_log",
     "load_memory_snapshot": "nbtoolkit.io.snapshot",
     "load_memory_timeline": "nbtoolkit.io.snapshot",
+    "load_rank_snapshots": "nbtoolkit.io.snapshot_ranks",
     "load_trace": "nbtoolkit.io.kineto",
     "locate_data": "nbtoolkit.datasets",
+    "memory_by": "nbtoolkit.analysis.memory_breakdown",
+    "memory_diff": "nbtoolkit.analysis.memory_diff",
+    "memory_imbalance": "nbtoolkit.analysis.memory_diff",
     "memory_timeline": "nbtoolkit.capture.memory",
     "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
@@ -103,10 +109,14 @@ _PROVIDER_MODULES = (
     "nbtoolkit.io.kineto",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
+    "nbtoolkit.analysis.memory_breakdown",
+    "nbtoolkit.analysis.memory_diff",
+    "nbtoolkit.io.snapshot_ranks",
     "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",
+    "nbtoolkit.views.memory_reports",
 )
 
 
@@ -148,6 +158,8 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
     from nbtoolkit.analysis.diff import compare
+    from nbtoolkit.analysis.memory_breakdown import memory_by
+    from nbtoolkit.analysis.memory_diff import memory_diff, memory_imbalance
     from nbtoolkit.analysis.overlap import comm_comp_overlap
     from nbtoolkit.analysis.stragglers import stragglers
     from nbtoolkit.capture.graphs import capture_graphs
@@ -160,9 +172,11 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.io.snapshot_export import export_memory_snapshot
+    from nbtoolkit.io.snapshot_ranks import load_rank_snapshots
     from nbtoolkit.model.comparison import Comparison, Measurement
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan
     from nbtoolkit.model.rank_memory import RankMemory

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.snapshot_capacity import capacity_check, impossible_notes
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
 from nbtoolkit.model.snapshot_timeline import snapshot_events
 from nbtoolkit.units import format_bytes, memory_viz_size
@@ -152,7 +153,7 @@ class MemorySnapshot(Result):
                 f"{columns.untimed_entries:,} trace entries record no time_us and were kept: "
                 "the time range could not apply to them"
             )
-        return cls(
+        snapshot = cls(
             **frames,
             stacks=columns.interner.stacks,
             stack_hints=columns.interner.hints,
@@ -162,6 +163,8 @@ class MemorySnapshot(Result):
             legacy_segment_list=legacy_segment_list,
             notes=notes,
         )
+        snapshot.notes.extend(impossible_notes(snapshot))
+        return snapshot
 
     # -- persistence -------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -182,6 +185,7 @@ class MemorySnapshot(Result):
             "allocator_settings": self.allocator_settings,
             "source": self.source,
             "legacy_segment_list": self.legacy_segment_list,
+            "notes": self.notes,
         }
         (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
         return folder
@@ -215,6 +219,7 @@ class MemorySnapshot(Result):
             allocator_settings=dict(meta.get("allocator_settings", {})),
             source=str(meta.get("source", "")),
             legacy_segment_list=bool(meta.get("legacy_segment_list", False)),
+            notes=list(meta.get("notes", [])),
         )
 
     # -- the allocator's view ----------------------------------------------------------
@@ -317,6 +322,28 @@ class MemorySnapshot(Result):
             }
         )
 
+    def capacity_check(self, capacity_bytes: int | dict[int, int] | None = None) -> pd.DataFrame:
+        """Per device: reserved and allocated bytes against the device's capacity, and any problem.
+
+        See :mod:`nbtoolkit.model.snapshot_capacity` (a given capacity, what an OOM entry states,
+        the largest device made). Impossible totals are also in :attr:`notes` from loading.
+        """
+        return capacity_check(self, capacity_bytes)
+
+    # -- analyses (nbtoolkit.analysis.memory_breakdown / memory_diff) -------------------
+    def peak_stack(self, device: int | None = None) -> Any:
+        """The peak of ``device``'s timeline, what is alive then and the stacks (a PeakStack)."""
+        return provided("MemoryTimeline.peak_stack")(self, device=device)
+
+    def memory_by(self, by: str = "category", *, pattern: str | None = None, device: int | None = None) -> Any:
+        """Memory grouped by category, annotation, compile_context, user_metadata, stack or a
+        regex ``pattern`` over frames (``nbtoolkit.analysis.memory_breakdown.memory_by``)."""
+        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern, device=device)
+
+    def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
+        """What grew from this snapshot to ``other`` (a MemoryDiff; ``nbt.memory_diff``)."""
+        return provided("Comparison.memory_diff")(self, other, labels=labels)
+
     def devices(self) -> list[int]:
         """Devices with segments or trace entries, sorted."""
         found = set(self.segments["device"].tolist()) | set(self.trace["device"].tolist())
@@ -363,6 +390,7 @@ class MemorySnapshot(Result):
             f"{len(self.blocks):,} blocks, {len(self.trace):,} trace entries on devices {self.devices()}"
         )
         lines = [head, *("  " + line for line in stats.lines())]
+        lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  fragmentation of free memory: {100 * self.fragmentation():.1f}%")
         if len(self.ooms):
             lines.append(f"  out-of-memory events recorded: {len(self.ooms)}")
@@ -388,9 +416,10 @@ class MemorySnapshot(Result):
                 "OOM events": [len(self.ooms)],
             }
         )
+        notes = "".join(f"<p><i>{escape(note)}</i></p>" for note in self.notes)
         return (
             f"<div class='nbt-snapshot'><b>MemorySnapshot</b> {escape(self.source)}"
-            f"{html_table(summary)}</div>"
+            f"{html_table(summary)}{notes}</div>"
         )
 
 
