@@ -207,7 +207,7 @@ def _from_raw(
     try:
         return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
     # RecursionError: a value nested thousands deep, which str() cannot print
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError) as exc:
         raise SnapshotError(
             f"{source} looks like an allocator snapshot but a field is missing or malformed "
             f"({type(exc).__name__}: {exc})"
@@ -222,6 +222,7 @@ def load_memory_snapshot(
     devices: int | Iterable[int] | None = None,
     time_range_us: tuple[float | None, float | None] | None = None,
     stream: bool | None = None,
+    history: bool = True,
 ) -> MemorySnapshot:
     """A CUDA allocator snapshot as a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`, from wherever it is.
 
@@ -242,6 +243,9 @@ def load_memory_snapshot(
         time_range_us: ``(start, end)`` in the snapshot's own ``time_us`` clock (either may be
             None): keep the trace entries and annotations inside it; applied while reading.
             Segments and blocks (the state at the end) are kept whole.
+        history: False reads segments and blocks only (what ``stats()`` and the segment views
+            need): no trace entries, no annotations. Streaming then stops reading the file
+            where the history begins (torch writes it after the segments).
         stream: read the file in bounded memory (:mod:`nbtoolkit.io.snapshot_stream`): about the
             size of the file at most instead of 5-10 times it. Default: for files over
             ``STREAM_ABOVE_BYTES`` (64 MiB) and gzip files.
@@ -262,7 +266,7 @@ def load_memory_snapshot(
             "the snapshot given",
             in_memory=True,
             max_rows=max_rows,
-            keep=_snapshot_filter(devices, time_range_us),
+            keep=_snapshot_filter(devices, time_range_us, history),
         )
     if not is_path(path):
         raise wrong_type(
@@ -270,7 +274,7 @@ def load_memory_snapshot(
             "a file path, the dict from torch.cuda.memory._snapshot(), or a MemorySnapshot",
             path,
         )
-    keep = _snapshot_filter(devices, time_range_us)
+    keep = _snapshot_filter(devices, time_range_us, history)
     source = Path(path).expanduser()
     if source.is_dir() and (source / "snapshot.json").is_file():
         return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
@@ -307,7 +311,9 @@ def _should_stream(source: Path, stream: bool | None) -> bool:
 
 
 def _snapshot_filter(
-    devices: int | Iterable[int] | None, time_range_us: tuple[float | None, float | None] | None
+    devices: int | Iterable[int] | None,
+    time_range_us: tuple[float | None, float | None] | None,
+    history: bool = True,
 ) -> SnapshotFilter:
     kept: frozenset[int] | None = None
     if devices is not None:
@@ -326,7 +332,7 @@ def _snapshot_filter(
             ) from None
         if window[0] is not None and window[1] is not None and window[0] > window[1]:
             raise NbtUsageError(f"time_range_us=({start}, {end}) starts after it ends")
-    return SnapshotFilter(devices=kept, time_range_us=window)
+    return SnapshotFilter(devices=kept, time_range_us=window, history=bool(history))
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------

@@ -258,10 +258,15 @@ def write_scaled_snapshot(
     if copies is None:
         if target_bytes is None:
             raise NbtUsageError("give copies= or target_bytes=")
+        # The size of one more copy: two probes, so the parts written once do not count.
         probe = Path(path).with_suffix(".probe")
-        one = write_scaled_snapshot(source, probe, copies=2, devices=devices, protocol=protocol).stat().st_size
+        sizes = [
+            write_scaled_snapshot(source, probe, copies=n, devices=devices, protocol=protocol).stat().st_size
+            for n in (devices, 2 * devices)
+        ]
         probe.unlink()
-        copies = max(1, math.ceil(target_bytes / max(one / 2, 1)))
+        per_copy = max((sizes[1] - sizes[0]) / devices, 1.0)
+        copies = max(1, math.ceil((target_bytes - sizes[0]) / per_copy) + devices)
     target = Path(path)
     with open(target, "wb") as out:
         writer = _PickleWriter(out, protocol)

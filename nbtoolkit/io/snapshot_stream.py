@@ -143,6 +143,10 @@ def _is_trace_entry(item: Any) -> bool:
     return type(item) is dict and "action" in item and "addr" in item
 
 
+class _EnoughRead(Exception):
+    """Raised from the reader to stop the unpickler: everything asked for has been read."""
+
+
 class _Drain:
     """Finds the segment list and the trace lists as they fill, and empties what is complete."""
 
@@ -155,12 +159,15 @@ class _Drain:
         self._traced: set[int] = set()
         self._pending: list[list[Any]] = []  # lists that were still empty at the last look
         self.trace_chunks: dict[int, int] = {}  # id(trace list) -> its provisional key
+        # True once a trace list began after the segment list: the segments are complete then
+        self.segments_complete = False
 
     def _classify(self, candidate: list[Any]) -> None:
         first = candidate[0]
         if _is_segment(first) and self.segments is None:
             self.segments = candidate
         elif _is_trace_entry(first) and id(candidate) not in self._traced:
+            self.segments_complete = self.segments_complete or self.segments is not None
             self._traced.add(id(candidate))
             self.trace_chunks[id(candidate)] = len(self.traces)
             self.traces.append(candidate)
@@ -180,6 +187,8 @@ class _Drain:
                     self._pending.append(obj)
         del fresh
         self.empty_lists()
+        if self.segments_complete and not self.columns.keep.history:
+            raise _EnoughRead  # the history is not wanted and follows the segments: stop here
 
     def empty_lists(self) -> None:
         if self.segments:
@@ -201,7 +210,7 @@ class _Drain:
     def _segments(self, batch: list[Any]) -> None:
         try:
             self.columns.add_segments(batch)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _shared_or_malformed(self.source, exc) from None
         for segment in batch:
             for block in segment.get("blocks") or []:
@@ -212,7 +221,7 @@ class _Drain:
     def _trace(self, key: int, batch: list[Any]) -> None:
         try:
             self.columns.add_trace(key, batch, device_known=False)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _shared_or_malformed(self.source, exc) from None
         for entry in batch:
             entry.clear()
@@ -256,6 +265,8 @@ def stream_snapshot(
             reader = _DrainingReader(source, path, drain_every, drain.run)
             try:
                 raw = _RefusingUnpickler(reader).load()  # type: ignore[arg-type]
+            except _EnoughRead:
+                return _segments_only(drain, columns, path, reader.position)
             except SnapshotError as exc:
                 message = str(exc)
                 raise SnapshotError(message if str(path) in message else f"{path}: {message}") from None
@@ -281,6 +292,17 @@ def stream_snapshot(
         gc.unfreeze()
         if was_enabled:
             gc.enable()
+
+
+def _segments_only(drain: _Drain, columns: SnapshotColumns, path: Path, read: int) -> MemorySnapshot:
+    """The snapshot of the segments read so far (history=False stopped the unpickler after them)."""
+    from nbtoolkit.model.snapshot import MemorySnapshot
+
+    result = MemorySnapshot.from_columns(columns, source=str(path))
+    result.notes.append(
+        f"read streaming, segments only: stopped after {read:,} bytes, where the history begins"
+    )
+    return result
 
 
 def _finish(raw: Any, drain: _Drain, columns: SnapshotColumns, path: Path) -> MemorySnapshot:

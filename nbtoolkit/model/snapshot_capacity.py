@@ -111,11 +111,15 @@ def capacity_check(snapshot: Any, capacity_bytes: int | dict[int, int] | None = 
 
 
 def impossible_notes(snapshot: Any, capacity_bytes: int | dict[int, int] | None = None) -> list[str]:
-    """One note per device whose totals are impossible (empty when all are possible)."""
+    """One note naming the devices whose totals are impossible (empty when all are possible)."""
     table = capacity_check(snapshot, capacity_bytes)
+    bad = table[table["problem"] != ""]
+    if bad.empty:
+        return []
+    first = bad.iloc[0]
+    others = f" (and devices {bad['device'].tolist()[1:]})" if len(bad) > 1 else ""
     return [
-        f"impossible totals on device {row.device}: it {row.problem}; this snapshot was not written "
-        "by one process on one real device (scaled, merged or corrupt), so read its totals with care"
-        for row in table.itertuples()
-        if row.problem
+        f"impossible totals: device {first['device']} {first['problem']}{others}; this snapshot was not "
+        "written by one process on one real device (scaled, merged or corrupt), so read its totals with "
+        "care (details: snapshot.capacity_check())"
     ]

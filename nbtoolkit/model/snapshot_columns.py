@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model.snapshot_stacks import StackInterner
@@ -76,13 +76,15 @@ class SnapshotFilter:
 
     devices: frozenset[int] | None = None
     time_range_us: tuple[float | None, float | None] | None = None
+    #: False: segments and blocks only (the state at the end); no trace entries nor annotations
+    history: bool = True
 
     def keeps_device(self, device: int) -> bool:
         return self.devices is None or device in self.devices
 
     @property
     def active(self) -> bool:
-        return self.devices is not None or self.time_range_us is not None
+        return self.devices is not None or self.time_range_us is not None or not self.history
 
     def describe(self) -> str:
         parts = []
@@ -94,6 +96,8 @@ class SnapshotFilter:
                 f"time_us from {'the start' if start is None else f'{start:,.0f}'} "
                 f"to {'the end' if end is None else f'{end:,.0f}'}"
             )
+        if not self.history:
+            parts.append("no history (segments and blocks only)")
         return ", ".join(parts) or "everything"
 
 
@@ -105,26 +109,39 @@ class _Codes(dict[Any, int]):
         self[key] = code
         return code
 
-    def decode(self, codes: np.ndarray) -> pd.Categorical:
-        import pandas as pd
-
-        names = [""] * len(self)
-        for value, code in self.items():
-            names[code] = "" if value is None else str(value)
-        # Different raw values may print alike (None and ""): categories must be unique.
-        unique = list(dict.fromkeys(names))
-        remap = [unique.index(n) for n in names]
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """The text of each code, as an object array of shared str objects (cheap to build)."""
         import numpy as np
 
-        return pd.Categorical.from_codes(np.asarray(remap, dtype="int32")[codes], categories=unique)
+        names = np.empty(len(self), dtype=object)
+        for value, code in self.items():
+            names[code] = "" if value is None else str(value)
+        return names[codes] if len(names) else np.empty(len(codes), dtype=object)
 
 
-def _column(batch: Sequence[dict[str, Any]], key: str, default: Any) -> list[Any]:
-    """``[entry.get(key, default) ...]`` at C speed when every entry has the key."""
+def _column(
+    batch: Sequence[dict[str, Any]], key: str, default: Any, keys: set[Any] | None = None
+) -> list[Any]:
+    """``[entry.get(key, default) ...]`` in C loops (no Python-level loop per entry).
+
+    ``keys``: every key any entry of the batch has (``set().union(*batch)``), when known.
+    """
+    if keys is not None and key not in keys:
+        return [default] * len(batch)  # older formats, or only OOM entries have it: nobody here
     try:
         return list(map(itemgetter(key), batch))
     except KeyError:
-        return [entry.get(key, default) for entry in batch]
+        return list(map(methodcaller("get", key, default), batch))
+
+
+def _ints(values: list[Any]) -> np.ndarray:
+    """int64 column of Python ints (bools and None-free lists; one C conversion)."""
+    import numpy as np
+
+    try:
+        return np.array(values, dtype="int64")
+    except (TypeError, ValueError, OverflowError):
+        return np.fromiter(map(int, values), dtype="int64", count=len(values))
 
 
 class SnapshotColumns:
@@ -172,7 +189,7 @@ class SnapshotColumns:
         if not batch:
             return
         index = np.arange(first, first + len(batch), dtype="int64")
-        devices = np.fromiter(map(int, _column(batch, "device", 0)), dtype="int64", count=len(batch))
+        devices = _ints(list(_column(batch, "device", 0)))
         kept = [i for i, d in enumerate(devices.tolist()) if self.keep.keeps_device(d)]
         if len(kept) < len(batch):
             batch = [batch[i] for i in kept]
@@ -182,14 +199,14 @@ class SnapshotColumns:
         n = len(batch)
 
         def ints(key: str, default: int = 0) -> np.ndarray:
-            return np.fromiter(map(int, _column(batch, key, default)), dtype="int64", count=n)
+            return _ints(list(_column(batch, key, default)))
 
-        addresses = np.fromiter(map(int, map(itemgetter("address"), batch)), dtype="int64", count=n)
+        addresses = _ints(list(map(itemgetter("address"), batch)))
         chunk: dict[str, Any] = {
             "segment": index,
             "device": devices,
             "address": addresses,
-            "total_size": np.fromiter(map(int, map(itemgetter("total_size"), batch)), dtype="int64", count=n),
+            "total_size": _ints(list(map(itemgetter("total_size"), batch))),
             "allocated_size": ints("allocated_size"),
             "active_size": ints("active_size"),
             "requested_size": ints("requested_size"),
@@ -219,7 +236,7 @@ class SnapshotColumns:
         n = len(blocks)
         if not n:
             return
-        sizes = np.fromiter(map(int, map(itemgetter("size"), blocks)), dtype="int64", count=n)
+        sizes = _ints(list(map(itemgetter("size"), blocks)))
         requested, frames = _block_requested_and_frames(blocks, sizes)
         # A block's offset in its segment: the sizes of the blocks before it (blocks tile the segment).
         ends = np.cumsum(sizes)
@@ -230,7 +247,7 @@ class SnapshotColumns:
         address = (
             np.fromiter((a if a is not None else -1 for a in given), dtype="int64", count=n)
             if None in given
-            else np.fromiter(map(int, given), dtype="int64", count=n)
+            else _ints(list(given))
         )
         address = np.where(address < 0, seg_address + offsets, address)
         self._block_chunks.append(
@@ -258,16 +275,17 @@ class SnapshotColumns:
 
         first = self.trace_seen.get(device, 0)
         self.trace_seen[device] = first + len(batch)
-        if not batch or (device_known and not self.keep.keeps_device(device)):
+        if not batch or not self.keep.history or (device_known and not self.keep.keeps_device(device)):
             return
         n = len(batch)
-        raw_time = _column(batch, "time_us", None)
+        keys: set[Any] = set().union(*batch)
+        raw_time = _column(batch, "time_us", None, keys)
         if None in raw_time:
             times = np.fromiter(
                 (math.nan if t is None else float(t) for t in raw_time), dtype="float64", count=n
             )
         else:
-            times = np.fromiter(map(float, raw_time), dtype="float64", count=n)
+            times = np.array(raw_time, dtype="float64")
         keep_rows: np.ndarray | None = None
         window = self.keep.time_range_us
         if window is not None:
@@ -290,21 +308,21 @@ class SnapshotColumns:
             seq = seq[keep_rows]
 
         def ints(key: str, default: int) -> np.ndarray:
-            return np.fromiter(map(int, _column(batch, key, default)), dtype="int64", count=n)
+            return _ints(_column(batch, key, default, keys))
 
         self._trace_chunks.append(
             {
                 "device": np.full(n, device, dtype="int64"),
                 "seq": seq,
-                "action": self._coded("action", _column(batch, "action", "")),
+                "action": self._coded("action", _column(batch, "action", "", keys)),
                 "addr": ints("addr", 0),
                 "size": ints("size", 0),
                 "stream": ints("stream", 0),
                 "time_us": times,
-                "compile_context": self._coded("cc", _column(batch, "compile_context", "")),
-                "user_metadata": self._coded("um", _column(batch, "user_metadata", "")),
+                "compile_context": self._coded("cc", _column(batch, "compile_context", "", keys)),
+                "user_metadata": self._coded("um", _column(batch, "user_metadata", "", keys)),
                 "device_free": ints("device_free", -1),
-                "stack_id": self._stack_ids(_column(batch, "frames", None)),
+                "stack_id": self._stack_ids(_column(batch, "frames", None, keys)),
             }
         )
         self.rows_kept += n
@@ -325,6 +343,8 @@ class SnapshotColumns:
 
     def add_annotations(self, annotations: Iterable[dict[str, Any]]) -> None:
         window = self.keep.time_range_us
+        if not self.keep.history:
+            return
         for a in annotations:
             device, time_us = int(a.get("device", 0)), float(a.get("time_us", math.nan))
             if not self.keep.keeps_device(device):
@@ -346,12 +366,12 @@ class SnapshotColumns:
         import pandas as pd
 
         decode: dict[str, Callable[[Any], Any]] = {
-            "segment_type": lambda c: self._codes["segment_type"].decode(c).astype(str),
-            "pool": lambda c: self._codes["pool"].decode(c).astype(str),
-            "state": lambda c: self._codes["state"].decode(c).astype(str),
-            "action": lambda c: self._codes["action"].decode(c).astype(str),
-            "compile_context": lambda c: self._codes["cc"].decode(c).astype(str),
-            "user_metadata": lambda c: self._codes["um"].decode(c).astype(str),
+            "segment_type": self._codes["segment_type"].decode,
+            "pool": self._codes["pool"].decode,
+            "state": self._codes["state"].decode,
+            "action": self._codes["action"].decode,
+            "compile_context": self._codes["cc"].decode,
+            "user_metadata": self._codes["um"].decode,
         }
         return {
             "segments": _concat(self._segment_chunks, SEGMENT_COLUMNS, decode),
@@ -379,7 +399,7 @@ def _concat(
             values = np.zeros(0, dtype="int32" if name in _TEXT else _EMPTY_DTYPES.get(name, "int64"))
         # Text columns stay plain object strings, as the frames always were (tests and users
         # compare them with ==); the codes kept the reading itself compact.
-        data[name] = np.asarray(decode[name](values), dtype=object) if name in decode else values
+        data[name] = decode[name](values) if name in decode else values
     return pd.DataFrame(data, columns=list(columns))
 
 
