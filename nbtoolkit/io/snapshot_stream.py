@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_EVERY_BYTES", "stream_snapshot"]
 
 #: how often (bytes of pickle read) finished dicts are turned into columns and emptied
-DRAIN_EVERY_BYTES = 8 << 20
+DRAIN_EVERY_BYTES = 2 << 20
 
 
 class _RefusingUnpickler(pickle.Unpickler):
@@ -208,6 +208,8 @@ class _Drain:
             )
 
     def _segments(self, batch: list[Any]) -> None:
+        if len(set(map(id, batch))) != len(batch):
+            raise _shared_or_malformed(self.source, ValueError("one segment appears twice"))
         try:
             self.columns.add_segments(batch)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -219,6 +221,8 @@ class _Drain:
             segment.clear()
 
     def _trace(self, key: int, batch: list[Any]) -> None:
+        if len(set(map(id, batch))) != len(batch):
+            raise _shared_or_malformed(self.source, ValueError("one trace entry appears twice"))
         try:
             self.columns.add_trace(key, batch, device_known=False)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:

@@ -109,14 +109,17 @@ class _Codes(dict[Any, int]):
         self[key] = code
         return code
 
-    def decode(self, codes: np.ndarray) -> np.ndarray:
-        """The text of each code, as an object array of shared str objects (cheap to build)."""
+    def decode(self, codes: np.ndarray) -> pd.Categorical:
+        """The codes as a categorical of text (one byte or two a row, whatever the row count)."""
         import numpy as np
+        import pandas as pd
 
-        names = np.empty(len(self), dtype=object)
+        names = [""] * len(self)
         for value, code in self.items():
             names[code] = "" if value is None else str(value)
-        return names[codes] if len(names) else np.empty(len(codes), dtype=object)
+        unique = list(dict.fromkeys(names))  # None and "" both read "": categories must be unique
+        remap = np.asarray([unique.index(n) for n in names] or [0], dtype="int32")
+        return pd.Categorical.from_codes(remap[codes] if len(codes) else codes, categories=unique)
 
 
 def _column(
@@ -388,19 +391,26 @@ _TEXT = {"segment_type", "pool", "state", "action", "compile_context", "user_met
 def _concat(
     chunks: list[dict[str, Any]], columns: Sequence[str], decode: dict[str, Callable[[Any], Any]]
 ) -> pd.DataFrame:
+    """One frame from the chunks, column by column, releasing each column's chunks once joined.
+
+    Memory: the frame plus one column's chunks at a time, not twice the frame. Columns are
+    added one by one (not ``DataFrame(dict)``, which copies same-typed columns into one block).
+    """
     import numpy as np
     import pandas as pd
 
-    data: dict[str, Any] = {}
+    n = sum(len(c[columns[0]]) for c in chunks) if chunks else 0
+    frame = pd.DataFrame(index=pd.RangeIndex(n))
     for name in columns:
         if chunks:
-            values = np.concatenate([c[name] for c in chunks])
+            values = np.concatenate([c.pop(name) for c in chunks])
         else:
             values = np.zeros(0, dtype="int32" if name in _TEXT else _EMPTY_DTYPES.get(name, "int64"))
-        # Text columns stay plain object strings, as the frames always were (tests and users
-        # compare them with ==); the codes kept the reading itself compact.
-        data[name] = decode[name](values) if name in decode else values
-    return pd.DataFrame(data, columns=list(columns))
+        # Text columns are categoricals: a few distinct values over millions of rows.
+        frame[name] = decode[name](values) if name in decode else values
+        del values
+    chunks.clear()
+    return frame
 
 
 def _block_requested_and_frames(
