@@ -33,7 +33,16 @@ if TYPE_CHECKING:
 
 __all__ = ["GROUPINGS", "memory_by", "peak_stack", "stack_bytes_at_peak"]
 
-GROUPINGS = ("category", "module", "phase", "annotation", "compile_context", "user_metadata", "stack", "pattern")
+GROUPINGS = (
+    "category",
+    "module",
+    "phase",
+    "annotation",
+    "compile_context",
+    "user_metadata",
+    "stack",
+    "pattern",
+)
 NONE = "(none)"
 
 

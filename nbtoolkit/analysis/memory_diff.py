@@ -64,7 +64,9 @@ def stack_diff(a: MemoryTimeline, b: MemoryTimeline, names: tuple[str, str] = ("
     both = left.to_frame().join(right, how="outer").fillna(0).astype("int64")
     both["delta_bytes"] = both[f"{names[1]}_bytes"] - both[f"{names[0]}_bytes"]
     both = both[both["delta_bytes"] != 0]
-    both = both.assign(_order=both["delta_bytes"].abs()).sort_values(["_order"], ascending=False, kind="stable")
+    both = both.assign(_order=both["delta_bytes"].abs()).sort_values(
+        ["_order"], ascending=False, kind="stable"
+    )
     return both.drop(columns="_order").reset_index().rename(columns={"index": "stack"})
 
 
@@ -99,11 +101,16 @@ def memory_diff(
         }
     )
     by_category["delta_bytes"] = by_category["b_bytes"] - by_category["a_bytes"]
-    by_category = by_category[(by_category["a_bytes"] != 0) | (by_category["b_bytes"] != 0)].reset_index(drop=True)
+    by_category = by_category[(by_category["a_bytes"] != 0) | (by_category["b_bytes"] != 0)].reset_index(
+        drop=True
+    )
     totals = [("peak", cats_a.get("total", 0), cats_b.get("total", 0))]
     if isinstance(a, MemorySnapshot) and isinstance(b, MemorySnapshot):
         sa, sb = a.stats(), b.stats()
-        totals += [("reserved", sa.total_reserved, sb.total_reserved), ("allocated", sa.total_allocated, sb.total_allocated)]
+        totals += [
+            ("reserved", sa.total_reserved, sb.total_reserved),
+            ("allocated", sa.total_allocated, sb.total_allocated),
+        ]
     totals_frame = pd.DataFrame(totals, columns=["total", "a_bytes", "b_bytes"])
     totals_frame["delta_bytes"] = totals_frame["b_bytes"] - totals_frame["a_bytes"]
     if measured:
@@ -111,7 +118,9 @@ def memory_diff(
         notes.append("measurements keep categories only: no stacks to compare")
     else:
         by_stack = stack_diff(left, right)
-    return MemoryDiff(by_category=by_category, by_stack=by_stack, totals=totals_frame, labels=labels, notes=notes)
+    return MemoryDiff(
+        by_category=by_category, by_stack=by_stack, totals=totals_frame, labels=labels, notes=notes
+    )
 
 
 def _rank_timelines(ranks: Any) -> dict[int, MemoryTimeline]:
@@ -163,7 +172,9 @@ def memory_imbalance(ranks: Any) -> MemoryImbalance:
         baseline_rank=baseline_rank,
         category=category.removesuffix("_bytes"),
         category_delta_bytes=deltas.get(category, 0),
-        by_stack=stack_diff(timelines[baseline_rank], timelines[top_rank], (f"rank{baseline_rank}", f"rank{top_rank}"))
+        by_stack=stack_diff(
+            timelines[baseline_rank], timelines[top_rank], (f"rank{baseline_rank}", f"rank{top_rank}")
+        )
         if top_rank != baseline_rank
         else pd.DataFrame({"stack": [], "delta_bytes": []}),
         ratio=int(top["peak_bytes"]) / lowest if lowest > 0 else 1.0,

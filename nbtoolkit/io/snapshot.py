@@ -207,7 +207,7 @@ def _from_raw(
     try:
         return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
     # RecursionError: a value nested thousands deep, which str() cannot print
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError) as exc:  # noqa: E501
         raise SnapshotError(
             f"{source} looks like an allocator snapshot but a field is missing or malformed "
             f"({type(exc).__name__}: {exc})"
@@ -282,8 +282,11 @@ def load_memory_snapshot(
         if _should_stream(source, stream):
             from nbtoolkit.io.snapshot_stream import stream_snapshot
 
-            budget = _max_rows(max_rows) if max_rows is not None or os.environ.get(ENV_MAX_SNAPSHOT_ROWS) else max(
-                DEFAULT_MAX_SNAPSHOT_ROWS, source.stat().st_size // 16
+            # Streaming, each kept row was a dict of its own in the file (16 bytes at least).
+            budget = (
+                _max_rows(max_rows)
+                if max_rows is not None or os.environ.get(ENV_MAX_SNAPSHOT_ROWS)
+                else max(DEFAULT_MAX_SNAPSHOT_ROWS, source.stat().st_size // 16)
             )
             streamed = stream_snapshot(source, keep=keep, max_rows=budget)
             if streamed is not None:

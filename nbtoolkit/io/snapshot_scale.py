@@ -62,10 +62,11 @@ def _copies(snapshot: dict[str, Any], copies: int, devices: int) -> Iterator[tup
 
 def _shift_segment(seg: dict[str, Any], device: int, shift: int) -> dict[str, Any]:
     out = dict(seg, device=device, address=int(seg["address"]) + shift)
-    blocks = []
-    for block in seg.get("blocks") or []:
-        # Always a copy: a block shared between copies would be one dict referenced twice.
-        blocks.append(dict(block, address=int(block["address"]) + shift) if "address" in block else dict(block))
+    # Always a copy: a block shared between copies would be one dict referenced twice.
+    blocks = [
+        dict(block, address=int(block["address"]) + shift) if "address" in block else dict(block)
+        for block in seg.get("blocks") or []
+    ]
     out["blocks"] = blocks
     return out
 
@@ -254,7 +255,9 @@ def write_scaled_snapshot(
     """
     source = _checked(source, copies or 1, devices)
     if protocol not in (2, 3, 4, 5):
-        raise NbtUsageError(f"protocol={protocol}: write protocols 0 and 1 with pickle.dump(scaled_snapshot_dict(...))")
+        raise NbtUsageError(
+            f"protocol={protocol}: write protocols 0 and 1 with pickle.dump(scaled_snapshot_dict(...))"
+        )
     if copies is None:
         if target_bytes is None:
             raise NbtUsageError("give copies= or target_bytes=")
@@ -322,7 +325,9 @@ def write_scaled_snapshot(
             writer.save(key)
             if key == "external_annotations":
                 copies_of = [
-                    dict(a, device=device, time_us=type(a["time_us"])(a["time_us"] + dt)) if "time_us" in a else a
+                    dict(a, device=device, time_us=type(a["time_us"])(a["time_us"] + dt))
+                    if "time_us" in a
+                    else a
                     for _, device, _s, dt in plan
                     for a in value
                 ]

@@ -97,7 +97,7 @@ class _DrainingReader:
     """What the C unpickler reads from: counts bytes, stops at the limit, drains every so often."""
 
     def __init__(self, fh: BinaryIO, path: Path, every: int, drain: Callable[[], None]) -> None:
-        self._fh = io.BufferedReader(fh, 1 << 20) if not hasattr(fh, "peek") else fh  # type: ignore[arg-type]
+        self._fh: Any = fh  # a buffered reader (peek): the file, or the inflated gzip stream
         self._path = path
         self._every = every
         self._next = every
@@ -117,7 +117,7 @@ class _DrainingReader:
             self._drain()
 
     def peek(self, n: int = 0) -> bytes:
-        return self._fh.peek(n)  # type: ignore[attr-defined, no-any-return]
+        return self._fh.peek(n)
 
     def read(self, n: int = -1) -> bytes:
         data = self._fh.read(n)
@@ -125,7 +125,7 @@ class _DrainingReader:
         return data
 
     def readinto(self, buffer: Any) -> int:
-        n = self._fh.readinto(buffer)  # type: ignore[attr-defined]
+        n = self._fh.readinto(buffer)
         self._advance(n or 0)
         return n or 0
 
@@ -268,7 +268,7 @@ def stream_snapshot(
                 fh.seek(0)
             reader = _DrainingReader(source, path, drain_every, drain.run)
             try:
-                raw = _RefusingUnpickler(reader).load()  # type: ignore[arg-type]
+                raw = _RefusingUnpickler(reader).load()
             except _EnoughRead:
                 return _segments_only(drain, columns, path, reader.position)
             except SnapshotError as exc:

@@ -255,7 +255,7 @@ class MemoryTimeline(Result):
 
     def memory_by(self, by: str = "category", *, pattern: str | None = None) -> pd.DataFrame:
         """Memory grouped by category, module, phase, stack or a regex ``pattern`` over frames."""
-        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern)  # type: ignore[no-any-return]
+        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern)
 
     def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
         """What grew from this timeline to ``other``, by category and by stack (a MemoryDiff)."""

@@ -32,25 +32,24 @@ def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     rows = []
     for record in frame.to_dict(orient="records"):
         clean: dict[str, Any] = {}
-        for key, value in record.items():
-            if hasattr(value, "item"):
-                value = value.item()
-            if isinstance(value, float) and math.isnan(value):
-                value = None
-            clean[str(key)] = value
+        for key, raw in record.items():
+            value = raw.item() if hasattr(raw, "item") else raw
+            clean[str(key)] = None if isinstance(value, float) and math.isnan(value) else value
         rows.append(clean)
     return rows
 
 
 def frame_markdown(frame: pd.DataFrame, *, max_rows: int = 30) -> str:
     """A GitHub-flavoured Markdown table; ``*_bytes`` columns shown with units, ``|`` escaped."""
+    import pandas as pd
+
     shown = frame.head(max_rows)
     header = [str(c) for c in shown.columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in shown.itertuples(index=False):
         cells = []
         for name, value in zip(header, record, strict=True):
-            if name.endswith(_BYTE_COLUMNS_SUFFIX) and isinstance(value, (int, float)) and value == value:
+            if name.endswith(_BYTE_COLUMNS_SUFFIX) and isinstance(value, (int, float)) and not pd.isna(value):
                 text = format_bytes(int(value))
             else:
                 text = str(value)
@@ -102,7 +101,8 @@ class PeakStack(Result):
         )
 
     def to_markdown(self) -> str:
-        head = f"**Peak {format_bytes(self.peak_bytes)}** on {self.device or 'the device'} at {self.peak_time_us:,.0f} µs"
+        where = self.device or "the device"
+        head = f"**Peak {format_bytes(self.peak_bytes)}** on {where} at {self.peak_time_us:,.0f} µs"
         stack = "\n".join(f"    {line}" for line in self.stack.splitlines()) or "    (no stack recorded)"
         return f"{head}\n\nLargest allocation's stack:\n\n{stack}\n\n{frame_markdown(self.by_stack)}"
 
@@ -201,7 +201,8 @@ class MemoryDiff(Result):
 
     def _html(self) -> str:
         return (
-            f"<div class='nbt-memory'><b>Memory diff</b> {escape(self.labels[0])} → {escape(self.labels[1])}: "
+            f"<div class='nbt-memory'><b>Memory diff</b> "
+            f"{escape(self.labels[0])} → {escape(self.labels[1])}: "
             f"{escape(self.reading())}{html_table(_display(self.totals))}{html_table(_display(self.by_category))}"
             f"{html_table(_display(self.by_stack), max_rows=10)}</div>"
         )
@@ -232,7 +233,8 @@ class MemoryImbalance(Result):
             return f"all {len(self.peaks)} ranks peak at {format_bytes(int(top))}"
         words = (
             f"rank {self.top_rank} peaks highest at {format_bytes(int(top))}, {self.ratio:.2f}x the lowest; "
-            f"against rank {self.baseline_rank} (the median) it holds {format_bytes(self.category_delta_bytes)} "
+            f"against rank {self.baseline_rank} (the median) it holds "
+            f"{format_bytes(self.category_delta_bytes)} "
             f"more {self.category}"
         )
         if not self.by_stack.empty:

@@ -335,7 +335,9 @@ class MemorySnapshot(Result):
         """The peak of ``device``'s timeline, what is alive then and the stacks (a PeakStack)."""
         return provided("MemoryTimeline.peak_stack")(self, device=device)
 
-    def memory_by(self, by: str = "category", *, pattern: str | None = None, device: int | None = None) -> Any:
+    def memory_by(
+        self, by: str = "category", *, pattern: str | None = None, device: int | None = None
+    ) -> Any:
         """Memory grouped by category, annotation, compile_context, user_metadata, stack or a
         regex ``pattern`` over frames (``nbtoolkit.analysis.memory_breakdown.memory_by``)."""
         return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern, device=device)

@@ -81,7 +81,9 @@ def capacity_check(snapshot: Any, capacity_bytes: int | dict[int, int] | None = 
                 f"{'device given' if origin == 'given' else 'largest device made'}"
             )
         if allocated > reserved:
-            problems.append(f"allocates {format_bytes(allocated)}, more than it reserves ({format_bytes(reserved)})")
+            problems.append(
+                f"allocates {format_bytes(allocated)}, more than it reserves ({format_bytes(reserved)})"
+            )
         overlaps = _overlapping_segments(segs)
         if overlaps:
             problems.append(f"{overlaps} segment(s) overlap another's addresses (merged from several runs?)")
@@ -118,8 +120,9 @@ def impossible_notes(snapshot: Any, capacity_bytes: int | dict[int, int] | None 
         return []
     first = bad.iloc[0]
     others = f" (and devices {bad['device'].tolist()[1:]})" if len(bad) > 1 else ""
-    return [
+    note = (
         f"impossible totals: device {first['device']} {first['problem']}{others}; this snapshot was not "
         "written by one process on one real device (scaled, merged or corrupt), so read its totals with "
         "care (details: snapshot.capacity_check())"
-    ]
+    )
+    return [note]

@@ -46,10 +46,12 @@ def icicle_nodes(by_stack: Any, *, max_stacks: int = 60, max_depth: int = 25) ->
 
     rows = list(by_stack[["stack", "bytes"]].itertuples(index=False))
     shown, rest = rows[:max_stacks], rows[max_stacks:]
-    for stack, size in shown:
-        size = int(size)
+    for stack, raw_size in shown:
+        size = int(raw_size)
         total += size
-        frames = [line for line in str(stack).splitlines() if line][::-1][:max_depth] or ["(no stack recorded)"]
+        frames = [line for line in str(stack).splitlines() if line][::-1][:max_depth] or [
+            "(no stack recorded)"
+        ]
         parent = _ROOT
         for depth, frame in enumerate(frames):
             node = f"{parent}/{depth}:{frame}"
@@ -175,7 +177,10 @@ def imbalance_figure(report: MemoryImbalance) -> go.Figure:
     figure.add_annotation(
         x=f"rank {report.top_rank}",
         y=float(top) / 2**30,
-        text=f"highest: +{format_bytes(report.category_delta_bytes)} {escape(report.category)} vs rank {report.baseline_rank}",
+        text=(
+            f"highest: +{format_bytes(report.category_delta_bytes)} {escape(report.category)} "
+            f"vs rank {report.baseline_rank}"
+        ),
         showarrow=True,
         arrowhead=2,
         ay=-40,
