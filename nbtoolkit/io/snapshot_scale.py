@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 from nbtoolkit.errors import NbtUsageError
 
-__all__ = ["scaled_snapshot_dict", "write_scaled_snapshot"]
+__all__ = ["copies_for", "copy_times", "scaled_snapshot_dict", "write_scaled_snapshot"]
 
 _FRAME_TARGET = 64 * 1024
 _BATCH = 1000  # items per APPENDS, as pickle writes them
@@ -239,6 +239,23 @@ class _PickleWriter:
             self.buffer += pickle.LONG1 + bytes([len(data)]) + data
 
 
+def copies_for(source: dict[str, Any], target_bytes: int, probe: Path, *, devices: int = 1, protocol: int = 5) -> int:
+    """How many copies make a file of at least ``target_bytes`` (two small probe files measure one copy)."""
+    sizes = [
+        write_scaled_snapshot(source, probe, copies=n, devices=devices, protocol=protocol).stat().st_size
+        for n in (devices, 2 * devices)
+    ]
+    probe.unlink()
+    per_copy = max((sizes[1] - sizes[0]) / devices, 1.0)  # the parts written once do not count
+    return max(1, math.ceil((target_bytes - sizes[0]) / per_copy) + devices)
+
+
+def copy_times(source: dict[str, Any], copies: int) -> tuple[float, float]:
+    """(first time_us, time_us span of one copy): copy ``j`` runs from ``first + j * span``."""
+    _, _, first, duration = _span(source)
+    return first, duration
+
+
 def write_scaled_snapshot(
     source: dict[str, Any],
     path: str | Path,
@@ -261,15 +278,7 @@ def write_scaled_snapshot(
     if copies is None:
         if target_bytes is None:
             raise NbtUsageError("give copies= or target_bytes=")
-        # The size of one more copy: two probes, so the parts written once do not count.
-        probe = Path(path).with_suffix(".probe")
-        sizes = [
-            write_scaled_snapshot(source, probe, copies=n, devices=devices, protocol=protocol).stat().st_size
-            for n in (devices, 2 * devices)
-        ]
-        probe.unlink()
-        per_copy = max((sizes[1] - sizes[0]) / devices, 1.0)
-        copies = max(1, math.ceil((target_bytes - sizes[0]) / per_copy) + devices)
+        copies = copies_for(source, target_bytes, Path(path).with_suffix(".probe"), devices=devices, protocol=protocol)
     target = Path(path)
     with open(target, "wb") as out:
         writer = _PickleWriter(out, protocol)

@@ -23,7 +23,7 @@ __all__ = ["diff_figure", "imbalance_figure", "peak_icicle"]
 _ROOT = "peak"
 
 
-def icicle_nodes(by_stack: Any, *, max_stacks: int = 60, max_depth: int = 25) -> dict[str, list[Any]]:
+def icicle_nodes(by_stack: Any, *, max_stacks: int = 40, max_depth: int = 16) -> dict[str, list[Any]]:
     """Nodes of the icicle: ``ids``, ``labels``, ``parents``, ``values`` (bytes), outermost frame first.
 
     A stack's lines are innermost first; the icicle reads from the outermost call down, so
@@ -34,6 +34,7 @@ def icicle_nodes(by_stack: Any, *, max_stacks: int = 60, max_depth: int = 25) ->
     labels: dict[str, str] = {}
     parents: dict[str, str] = {}
     order: list[str] = []
+    path_ids: dict[tuple[str, str], str] = {}
     total = 0
 
     def add(node: str, label: str, parent: str, size: int) -> None:
@@ -53,14 +54,15 @@ def icicle_nodes(by_stack: Any, *, max_stacks: int = 60, max_depth: int = 25) ->
             "(no stack recorded)"
         ]
         parent = _ROOT
-        for depth, frame in enumerate(frames):
-            node = f"{parent}/{depth}:{frame}"
+        for frame in frames:
+            # Ids are short (the figure stores every id): one per distinct path from the root.
+            node = path_ids.setdefault((parent, frame), f"n{len(path_ids)}")
             add(node, frame, parent, size)
             parent = node
     other = sum(int(size) for _, size in rest)
     if other:
         total += other
-        add(f"{_ROOT}/other", f"{len(rest)} other stacks", _ROOT, other)
+        add("other", f"{len(rest)} other stacks", _ROOT, other)
     return {
         "ids": [_ROOT, *order],
         "labels": [f"peak ({format_bytes(total)})", *(labels[n] for n in order)],
@@ -70,7 +72,7 @@ def icicle_nodes(by_stack: Any, *, max_stacks: int = 60, max_depth: int = 25) ->
 
 
 @provides("PeakStack.figure")
-def peak_icicle(peak: PeakStack, *, max_stacks: int = 60, max_depth: int = 25) -> go.Figure:
+def peak_icicle(peak: PeakStack, *, max_stacks: int = 40, max_depth: int = 16) -> go.Figure:
     """The bytes alive at the peak as an icicle of their stacks (outermost call at the top)."""
     import plotly.graph_objects as go
 

@@ -55,10 +55,14 @@ def test_icicle_nodes_sum_up_and_escape(real_data: Callable[[str], Path]) -> Non
 
     peak = _timeline(4000, extra_stack=True).peak_stack()
     nodes = icicle_nodes(peak.by_stack)
-    values = dict(zip(nodes["ids"], nodes["values"], strict=True))
-    assert values["peak"] == peak.peak_bytes
+    values = dict(zip(nodes["labels"], nodes["values"], strict=True))
+    assert nodes["values"][0] == peak.peak_bytes
     # train.py:20 in step (outermost) holds the activation and the temporary below it.
-    assert values["peak/0:train.py:20 in step"] == 4000 + 300
+    assert values["train.py:20 in step"] == 4000 + 300
+    parents = dict(zip(nodes["ids"], nodes["parents"], strict=True))
+    for node, parent in parents.items():  # branchvalues="total": children never exceed the parent
+        if parent:
+            assert nodes["values"][nodes["ids"].index(node)] <= nodes["values"][nodes["ids"].index(parent)]
     figure = peak.figure()
     assert figure.data[0].type == "icicle" and "<b>" not in json.dumps(list(figure.data[0].labels))
     snap = nbt.load_memory_snapshot(real_data(FULLSTEP))
