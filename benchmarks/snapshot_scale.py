@@ -79,7 +79,9 @@ def make(path: Path, size_mb: int) -> None:
     write_scaled_snapshot(source, path, copies=copies, devices=DEVICES, protocol=5)
     first, span = copy_times(source, copies)
     path.with_suffix(".json").write_text(json.dumps({"copies": copies, "first_us": first, "copy_us": span}))
-    print(f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB, {copies} copies) in {time.perf_counter() - start:,.0f} s")
+    print(
+        f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB, {copies} copies) in {time.perf_counter() - start:,.0f} s"
+    )
 
 
 def measure(name: str, path: Path, extra: list[str], timeout: float) -> dict[str, object]:
@@ -106,7 +108,9 @@ def measure(name: str, path: Path, extra: list[str], timeout: float) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--file", type=Path, default=Path("/tmp/nbt_snapshot_scale/scaled_1g.pickle"))
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=600)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.snapshot import MemorySnapshot
 
-__all__ = ["GROUPINGS", "memory_by", "peak_stack", "stack_bytes_at_peak"]
+__all__ = ["GROUPINGS", "memory_by", "mosaic_peak", "peak_stack", "stack_bytes_at_peak"]
 
 GROUPINGS = (
     "category",
@@ -42,6 +42,7 @@ GROUPINGS = (
     "user_metadata",
     "stack",
     "pattern",
+    "mosaic",
 )
 NONE = "(none)"
 
@@ -147,7 +148,7 @@ def memory_by(
     if by == "pattern" and not pattern:
         raise NbtUsageError("memory_by(by='pattern') needs pattern=, a regex matched against stack frames")
     snapshot = data if isinstance(data, MemorySnapshot) else None
-    if by in ("annotation", "compile_context", "user_metadata") and snapshot is None:
+    if by in ("annotation", "compile_context", "user_metadata", "mosaic") and snapshot is None:
         raise NbtUsageError(f"memory_by(by={by!r}) needs a MemorySnapshot (allocator snapshots record it)")
     if snapshot is not None and device is None:
         from nbtoolkit.model.snapshot import _default_device
@@ -159,6 +160,8 @@ def memory_by(
     labels = np.full(len(events), NONE, dtype=object)
     if by in ("category", "module", "phase"):
         labels = events[by].astype(str).replace("", NONE).to_numpy(dtype=object)
+    elif by == "mosaic" and snapshot is not None:
+        labels = _mosaic_labels(snapshot, events)
     elif by in ("stack", "pattern"):
         regex = re.compile(pattern) if pattern else None
         per_stack = [_stack_label(text, regex) for text in timeline.stacks]
@@ -187,6 +190,41 @@ def memory_by(
     out = out.rename(columns={"index": "group"})
     out = out.sort_values(["at_peak_bytes", "allocated_bytes"], ascending=False, kind="stable")
     return pd.DataFrame(out).reset_index(drop=True)
+
+
+def _mosaic_labels(snapshot: MemorySnapshot, events: pd.DataFrame) -> Any:
+    """Mosaic's category per event, from its stack (memory without a stack: unknown)."""
+    import numpy as np
+
+    per_stack = snapshot.stack_mosaic or ["unknown"] * len(snapshot.stacks)
+    ids = events["stack_id"].to_numpy()
+    return np.array([per_stack[i] if 0 <= i < len(per_stack) else "unknown" for i in ids], dtype=object)
+
+
+@provides("MemorySnapshot.mosaic_peak")
+def mosaic_peak(snapshot: MemorySnapshot, *, device: int | None = None) -> pd.DataFrame:
+    """Bytes per Mosaic category at the peak as Mosaic defines it: ``category, at_peak_bytes``.
+
+    Mosaic replays the trace from zero (memory that existed before recording is not counted;
+    its frees lower the sum) and takes the highest running sum; each allocation made in the
+    trace and live then counts in the category of its stack
+    (:mod:`nbtoolkit.model.snapshot_mosaic`). The last row, ``total``, is that peak.
+    """
+    import pandas as pd
+
+    from nbtoolkit.analysis.memory import alive_at_peak, peak
+
+    timeline = snapshot.timeline(device)
+    events = timeline.events[timeline.events["action"] != "preexisting"].reset_index(drop=True)
+    index, total = peak(events)
+    alive = alive_at_peak(events, top=None, at_index=index) if index >= 0 else alive_at_peak(events.iloc[:0])
+    alive["category"] = _mosaic_labels(snapshot, alive.assign(stack_id=alive["stack_id"].astype("int64")))
+    grouped = alive.groupby("category", sort=False)["bytes"].sum()
+    rows = [(c, int(grouped.get(c, 0))) for c in dict.fromkeys(snapshot.stack_mosaic) if grouped.get(c, 0)]
+    rows += [(c, int(v)) for c, v in grouped.items() if c not in dict(rows)]
+    rows.sort(key=lambda r: -r[1])
+    rows.append(("total", int(total)))
+    return pd.DataFrame(rows, columns=["category", "at_peak_bytes"])
 
 
 def _stack_label(text: str, regex: re.Pattern[str] | None) -> str:

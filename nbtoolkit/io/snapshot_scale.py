@@ -239,7 +239,9 @@ class _PickleWriter:
             self.buffer += pickle.LONG1 + bytes([len(data)]) + data
 
 
-def copies_for(source: dict[str, Any], target_bytes: int, probe: Path, *, devices: int = 1, protocol: int = 5) -> int:
+def copies_for(
+    source: dict[str, Any], target_bytes: int, probe: Path, *, devices: int = 1, protocol: int = 5
+) -> int:
     """How many copies make a file of at least ``target_bytes`` (two small probe files measure one copy)."""
     sizes = [
         write_scaled_snapshot(source, probe, copies=n, devices=devices, protocol=protocol).stat().st_size
@@ -278,7 +280,9 @@ def write_scaled_snapshot(
     if copies is None:
         if target_bytes is None:
             raise NbtUsageError("give copies= or target_bytes=")
-        copies = copies_for(source, target_bytes, Path(path).with_suffix(".probe"), devices=devices, protocol=protocol)
+        copies = copies_for(
+            source, target_bytes, Path(path).with_suffix(".probe"), devices=devices, protocol=protocol
+        )
     target = Path(path)
     with open(target, "wb") as out:
         writer = _PickleWriter(out, protocol)

@@ -112,6 +112,8 @@ class MemorySnapshot(Result):
     legacy_segment_list: bool = False
     #: what the reader wants the user to know (filters applied, impossible totals)
     notes: list[str] = field(default_factory=list)
+    #: per stack: Mosaic's category of it (nbtoolkit.model.snapshot_mosaic); [] in older saves
+    stack_mosaic: list[str] = field(default_factory=list)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -158,6 +160,7 @@ class MemorySnapshot(Result):
             stacks=columns.interner.stacks,
             stack_hints=columns.interner.hints,
             stack_sources=columns.interner.sources,
+            stack_mosaic=columns.interner.mosaic,
             allocator_settings=dict(allocator_settings or {}),
             source=source,
             legacy_segment_list=legacy_segment_list,
@@ -186,6 +189,7 @@ class MemorySnapshot(Result):
             "source": self.source,
             "legacy_segment_list": self.legacy_segment_list,
             "notes": self.notes,
+            "stack_mosaic": self.stack_mosaic,
         }
         (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
         return folder
@@ -220,6 +224,7 @@ class MemorySnapshot(Result):
             source=str(meta.get("source", "")),
             legacy_segment_list=bool(meta.get("legacy_segment_list", False)),
             notes=list(meta.get("notes", [])),
+            stack_mosaic=list(meta.get("stack_mosaic", [])),
         )
 
     # -- the allocator's view ----------------------------------------------------------
@@ -341,6 +346,10 @@ class MemorySnapshot(Result):
         """Memory grouped by category, annotation, compile_context, user_metadata, stack or a
         regex ``pattern`` over frames (``nbtoolkit.analysis.memory_breakdown.memory_by``)."""
         return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern, device=device)
+
+    def mosaic_peak(self, device: int | None = None) -> pd.DataFrame:
+        """Bytes per Mosaic category at Mosaic's peak (``analysis.memory_breakdown.mosaic_peak``)."""
+        return provided("MemorySnapshot.mosaic_peak")(self, device=device)
 
     def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
         """What grew from this snapshot to ``other`` (a MemoryDiff; ``nbt.memory_diff``)."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nbtoolkit.model.snapshot_mosaic import category_of, frame_rules
+
 __all__ = ["StackInterner", "format_stack", "frame_info", "stack_hint", "user_source"]
 
 # Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
@@ -82,13 +84,24 @@ class StackInterner:
 
     def __init__(self) -> None:
         self.stacks: list[str] = []
-        self._by_text: dict[str, int] = {}
+        self._by_text: dict[tuple[str, str], int] = {}
         self._by_identity: dict[int, int] = {}
         self._keep_alive: list[Any] = []
         self.hints: list[str] = []  # per stack: phase hint for the heuristics (see stack_hint)
         self.sources: list[str] = []  # per stack: innermost user-code frame
+        self.mosaic: list[str] = []  # per stack: Mosaic's category (nbtoolkit.model.snapshot_mosaic)
         # torch shares frame dicts among stacks: each is described once (kept alive with its list).
         self._frames: dict[int, tuple[bool, bool, str]] = {}
+        self._rules: dict[int, int] = {}
+
+    def _mosaic(self, frames: list[dict[str, Any]]) -> str:
+        bits = 0
+        for frame in frames:
+            found = self._rules.get(id(frame))
+            if found is None:
+                found = self._rules[id(frame)] = frame_rules(frame)
+            bits |= found
+        return category_of(bits)
 
     def _frame_info(self, frame: dict[str, Any]) -> tuple[bool, bool, str]:
         found = self._frames.get(id(frame))
@@ -104,13 +117,17 @@ class StackInterner:
         if found is not None:
             return found
         text = format_stack(frames, self._frame_info)
-        index = self._by_text.get(text)
+        # The text shows the Python frames only; stacks alike in it but told apart by their C++
+        # frames in Mosaic's rules (e.g. the autograd engine's) stay two stacks.
+        mosaic = self._mosaic(frames)
+        index = self._by_text.get((text, mosaic))
         if index is None:
             index = len(self.stacks)
             self.stacks.append(text)
-            self._by_text[text] = index
+            self._by_text[(text, mosaic)] = index
             self.hints.append(stack_hint(frames))
             self.sources.append(user_source(frames))
+            self.mosaic.append(mosaic)
         self._by_identity[key] = index
         self._keep_alive.append(frames)  # ids stay unique while we hold the objects
         return index

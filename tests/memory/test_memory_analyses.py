@@ -258,3 +258,56 @@ def test_exports_are_plain_json(real_data: Callable[[str], Path]) -> None:
         data: Any = json.loads(result.to_json())
         assert data["kind"].startswith("nbtoolkit.")
         assert isinstance(result.to_markdown(), str)
+
+
+def _frames(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    return [{"name": name, "filename": file, "line": 1} for name, file in pairs]
+
+
+def test_mosaic_rules_in_their_published_order() -> None:
+    from nbtoolkit.model.snapshot_mosaic import mosaic_category
+
+    forward = ("forward", "/m/model.py")
+    assert mosaic_category(_frames(forward, ("step", "/torch/optim/adamw.py"))) == "activation"  # rule order
+    assert mosaic_category(_frames(forward, ("f", "/x/fully_sharded_data_parallel.py"))) == "fsdp"
+    assert mosaic_category(_frames(("reset_parameters", "/m/linear.py"))) == "parameter"
+    assert mosaic_category(_frames(("torch::autograd::Engine::evaluate_function(...)", ""))) == "backward"
+    assert mosaic_category(_frames(("step", "/t/train.py"))) == "optimizer"
+    assert mosaic_category(_frames(("zero_grad", "/torch/optim/optimizer.py"))) == "optimizer"
+    assert mosaic_category(_frames(("dist_mean", "/x.py"))) == "net"
+    assert mosaic_category(_frames(("c10d::Reducer::all_reduce_bucket(x)", ""), forward)) == "net"
+    assert mosaic_category(_frames(("call", "/tmp/torchinductor_u/ab/cabc123.py"))) == "activation"
+    assert mosaic_category(_frames(("compute_grad_stats", "/x.py"))) == "stats"
+    assert mosaic_category(_frames(("main", "/t/train.py"))) == "unknown"
+    assert mosaic_category([]) == "unknown"
+
+
+def test_mosaic_categories_of_real_snapshots(snapshot_file: Callable[[str], Path]) -> None:
+    """Per stack as Mosaic classifies the raw frames, and Mosaic's peak (the trace from zero)."""
+    from nbtoolkit.io.snapshot import restricted_loads
+    from nbtoolkit.model.snapshot_mosaic import mosaic_category
+    from tests.memory.test_snapshot import PICKLES, RECORDED
+
+    for name in [*PICKLES, RECORDED]:
+        try:
+            path = snapshot_file(name)
+        except pytest.skip.Exception:
+            continue
+        raw = restricted_loads(path.read_bytes())
+        if isinstance(raw, list):
+            continue
+        snap = nbt.load_memory_snapshot(path)
+        for device, entries in enumerate(raw.get("device_traces") or []):
+            trace = snap.trace[snap.trace["device"] == device]
+            for entry, stack_id in zip(entries, trace["stack_id"], strict=True):
+                expected = mosaic_category(entry.get("frames"))
+                assert (snap.stack_mosaic[stack_id] if stack_id >= 0 else "unknown") == expected, name
+        if not len(snap.trace):
+            continue
+        table = snap.mosaic_peak().set_index("category")["at_peak_bytes"]
+        # Mosaic's peak: the highest running sum of alloc/free_completed sizes from zero.
+        device = int(snap.timeline().device.split(":")[1])
+        trace = snap.trace[snap.trace["device"] == device]
+        sign = trace["action"].map({"alloc": 1, "free_completed": -1, "free": -1}).fillna(0)
+        assert table["total"] == max(int((sign * trace["size"]).cumsum().max()), 0), name
+        assert table.drop("total").sum() <= table["total"]
