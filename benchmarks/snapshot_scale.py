@@ -53,7 +53,8 @@ BODIES = {
     ),
     "nbtoolkit filtered": (
         "import nbtoolkit as nbt\n"
-        "snap = nbt.load_memory_snapshot(sys.argv[1], devices=3, time_range_us=(float(sys.argv[2]), float(sys.argv[3])))\n"
+        "window = (float(sys.argv[2]), float(sys.argv[3]))\n"
+        "snap = nbt.load_memory_snapshot(sys.argv[1], devices=3, time_range_us=window)\n"
         "answer = snap.stats().lines() + [f'{len(snap.trace):,} trace entries']\n"
     ),
     "memory_viz stats": (
@@ -80,7 +81,8 @@ def make(path: Path, size_mb: int) -> None:
     first, span = copy_times(source, copies)
     path.with_suffix(".json").write_text(json.dumps({"copies": copies, "first_us": first, "copy_us": span}))
     print(
-        f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB, {copies} copies) in {time.perf_counter() - start:,.0f} s"
+        f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB, {copies} copies) "
+        f"in {time.perf_counter() - start:,.0f} s"
     )
 
 
@@ -103,7 +105,9 @@ def measure(name: str, path: Path, extra: list[str], timeout: float) -> dict[str
     tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
     return {
         "tool": name,
-        "failed": f"exit {done.returncode} after {time.perf_counter() - start:.1f} s: {' | '.join(tail)[:300]}",
+        "failed": (
+            f"exit {done.returncode} after {time.perf_counter() - start:.1f} s: {' | '.join(tail)[:300]}"
+        ),
     }
 
 

@@ -50,9 +50,20 @@ MOSAIC_CATEGORIES = (
 )
 
 _EMBEDDING_NAMES = frozenset(
-    "_init_dmp _shard_modules_impl _create_shard_module shard apply_2d_emb_sharding _create_lookups "
-    "create_lookup _create_embedding_kernel init_parameters _init_fbgemm_regroup _apply_split "
-    "_apply_cache_state".split()
+    [
+        "_init_dmp",
+        "_shard_modules_impl",
+        "_create_shard_module",
+        "shard",
+        "apply_2d_emb_sharding",
+        "_create_lookups",
+        "create_lookup",
+        "_create_embedding_kernel",
+        "init_parameters",
+        "_init_fbgemm_regroup",
+        "_apply_split",
+        "_apply_cache_state",
+    ]
 )
 _EMBEDDING_FILES = (
     "torchrec/distributed/embedding_lookup.py",
@@ -93,9 +104,19 @@ _REDUCER_PREFIXES = tuple(
     )
 )
 _OPTIMIZER_NAMES = frozenset(
-    "custom_adamw _init_group step _per_group_step_impl create_optimizer _create_optimizer "
-    "create_keyed_optimizer _instantiate_shampoo_preconditioner_list _create_kronecker_factors_state "
-    "_create_kronecker_factors_state_for_block _create_base_kronecker_factors".split()
+    [
+        "custom_adamw",
+        "_init_group",
+        "step",
+        "_per_group_step_impl",
+        "create_optimizer",
+        "_create_optimizer",
+        "create_keyed_optimizer",
+        "_instantiate_shampoo_preconditioner_list",
+        "_create_kronecker_factors_state",
+        "_create_kronecker_factors_state_for_block",
+        "_create_base_kronecker_factors",
+    ]
 )
 
 # Every rule asks whether *any* frame of the stack satisfies a test of (name, file): so each
