@@ -86,7 +86,14 @@ def make(path: Path, size_mb: int) -> None:
     )
 
 
-def measure(name: str, path: Path, extra: list[str], timeout: float) -> dict[str, object]:
+def measure(name: str, path: Path, extra: list[str], timeout: float, limit_gb: float) -> dict[str, object]:
+    """One tool in a fresh process, its address space capped (the machine is shared)."""
+    import resource
+
+    def cap() -> None:
+        limit = int(limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
     code = _MEASURE.format(body=BODIES[name])
     start = time.perf_counter()
     try:
@@ -96,6 +103,7 @@ def measure(name: str, path: Path, extra: list[str], timeout: float) -> dict[str
             text=True,
             timeout=timeout,
             check=False,
+            preexec_fn=cap,  # noqa: PLW1509 - setrlimit only, no threads started yet
         )
     except subprocess.TimeoutExpired:
         return {"tool": name, "failed": f"no result after {timeout:.0f} s"}
@@ -119,6 +127,9 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--tools", nargs="*", default=list(BODIES))
+    parser.add_argument(
+        "--memory-limit-gb", type=float, default=12.0, help="address-space cap of each measured process"
+    )
     args = parser.parse_args()
     path: Path = args.file
     if not path.exists() or path.stat().st_size < (args.size_mb << 20) * 0.95:
@@ -137,7 +148,8 @@ def main() -> None:
     print(f"file: {path} ({size / 2**20:,.0f} MiB); targets: <= 10 s, peak RSS <= {2 * size / 2**30:.2f} GiB")
     rows = []
     for name in args.tools:
-        result = measure(name, path, window if name == "nbtoolkit filtered" else [], args.timeout)
+        extra = window if name == "nbtoolkit filtered" else []
+        result = measure(name, path, extra, args.timeout, args.memory_limit_gb)
         rows.append(result)
         if "failed" in result:
             print(f"{name:>20}: FAILED {result['failed']}")
