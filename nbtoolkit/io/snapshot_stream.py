@@ -161,6 +161,7 @@ class _Drain:
         self.trace_chunks: dict[int, int] = {}  # id(trace list) -> its provisional key
         # True once a trace list began after the segment list: the segments are complete then
         self.segments_complete = False
+        self.finished = False  # the unpickler has returned: nothing left to stop
 
     def _classify(self, candidate: list[Any]) -> None:
         first = candidate[0]
@@ -187,7 +188,7 @@ class _Drain:
                     self._pending.append(obj)
         del fresh
         self.empty_lists()
-        if self.segments_complete and not self.columns.keep.history:
+        if self.segments_complete and not self.columns.keep.history and not self.finished:
             raise _EnoughRead  # the history is not wanted and follows the segments: stop here
 
     def empty_lists(self) -> None:
@@ -290,6 +291,7 @@ def stream_snapshot(
                     f"{path} is not a readable memory snapshot (corrupt or truncated pickle: "
                     f"{type(exc).__name__}: {exc}); re-dump it with torch.cuda.memory._dump_snapshot()"
                 ) from None
+        drain.finished = True
         drain.run()  # what the unpickler appended after the last drain
         return _finish(raw, drain, columns, path)
     finally:

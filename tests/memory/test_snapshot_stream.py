@@ -137,6 +137,15 @@ def test_device_and_time_filters_apply_while_reading(scaled_gpu: Path) -> None:
         nbt.load_memory_snapshot(scaled_gpu, time_range_us=(end, start))
 
 
+def test_history_false_on_a_file_read_in_one_go(recorded_memory: Any) -> None:
+    """A small file is unpickled before the first drain: segments only all the same."""
+    state = nbt.load_memory_snapshot(recorded_memory.snapshot, history=False, stream=True)
+    whole = nbt.load_memory_snapshot(recorded_memory.snapshot)
+    assert len(state.trace) == 0 and len(state.annotations) == 0
+    assert state.stats() == whole.stats() and len(whole.trace) > 0
+    assert len(nbt.load_memory_snapshot(recorded_memory.snapshot, history=False, stream=False).trace) == 0
+
+
 def test_history_false_stops_where_the_history_begins(scaled_gpu: Path) -> None:
     state = nbt.load_memory_snapshot(scaled_gpu, history=False, stream=True)
     assert len(state.trace) == 0 and len(state.blocks) > 0
