@@ -103,7 +103,7 @@ def measure(name: str, path: Path, extra: list[str], timeout: float, limit_gb: f
             text=True,
             timeout=timeout,
             check=False,
-            preexec_fn=cap,  # noqa: PLW1509 - setrlimit only, no threads started yet
+            preexec_fn=cap,
         )
     except subprocess.TimeoutExpired:
         return {"tool": name, "failed": f"no result after {timeout:.0f} s"}

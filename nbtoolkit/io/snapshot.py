@@ -37,13 +37,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.io.bounded import read_all, read_limit
+from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
 from nbtoolkit.model.snapshot_columns import SnapshotFilter
@@ -66,18 +66,6 @@ ENV_MAX_SNAPSHOT_ROWS = "NBT_MAX_SNAPSHOT_ROWS"
 DEFAULT_MAX_SNAPSHOT_ROWS = 5_000_000
 
 
-class _RefusingUnpickler(pickle.Unpickler):
-    """An unpickler that resolves no global: builtin containers and scalars only."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        # Called for GLOBAL/STACK_GLOBAL/INST/OBJ/EXT*: the only way a pickle can reach a
-        # callable. Refusing here means REDUCE/BUILD/NEWOBJ have nothing to call.
-        raise SnapshotError(f"refused: the pickle tries to load {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise SnapshotError(f"refused: the pickle uses a persistent id ({str(pid)[:60]!r})")
-
-
 def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
     """Unpickle ``data`` allowing only builtin containers and scalars.
 
@@ -86,25 +74,11 @@ def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
     import anything; in that case nothing from the pickle has been executed.
     """
     try:
-        return _RefusingUnpickler(io.BytesIO(data)).load()
+        return RefusingUnpickler(io.BytesIO(data)).load()
     except SnapshotError as exc:
         raise SnapshotError(f"{name}: {exc}") from None
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        KeyError,
-        IndexError,
-        TypeError,
-        AttributeError,
-        UnicodeDecodeError,
-        OverflowError,
-        MemoryError,
-    ) as exc:
-        raise SnapshotError(
-            f"{name} is not a readable memory snapshot (corrupt or truncated pickle: "
-            f"{type(exc).__name__}: {exc}); re-dump it with torch.cuda.memory._dump_snapshot()"
-        ) from None
+    except UNPICKLING_ERRORS as exc:
+        raise corrupt_pickle(name, exc) from None
 
 
 def _read_bytes(path: Path, *, what: str = "memory snapshot") -> bytes:
@@ -207,7 +181,15 @@ def _from_raw(
     try:
         return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
     # RecursionError: a value nested thousands deep, which str() cannot print
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError) as exc:  # noqa: E501
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+        OverflowError,
+    ) as exc:
         raise SnapshotError(
             f"{source} looks like an allocator snapshot but a field is missing or malformed "
             f"({type(exc).__name__}: {exc})"

@@ -162,6 +162,23 @@ class _PickleWriter:
         self._put()
 
     # -- values --------------------------------------------------------------------------
+    def save_list(self, copies: Iterator[dict[str, Any]]) -> None:
+        """A fresh list of copies made for this file, written as they come (APPENDS per 1000)."""
+        self.buffer += pickle.EMPTY_LIST
+        self._put()
+        batch = 0
+        for item in copies:
+            if batch == 0:
+                self.buffer += pickle.MARK
+            self.save_copy(item)
+            batch += 1
+            if batch == _BATCH:
+                self.buffer += pickle.APPENDS
+                batch = 0
+                self.boundary()
+        if batch:
+            self.buffer += pickle.APPENDS
+
     def save_copy(self, obj: Any) -> None:
         """Write a copy made for this file: it and the containers in it made with it are fresh."""
         fresh = {id(obj)}
@@ -292,45 +309,24 @@ def write_scaled_snapshot(
         writer.buffer += pickle.MARK
         plan = list(_copies(source, copies, devices))
         writer.save("segments")
-        writer.buffer += pickle.EMPTY_LIST
-        writer._put()
-        batch = 0
-        for _, device, shift, _dt in plan:
-            for seg in source.get("segments") or []:
-                if batch == 0:
-                    writer.buffer += pickle.MARK
-                writer.save_copy(_shift_segment(seg, device, shift))
-                batch += 1
-                if batch == _BATCH:
-                    writer.buffer += pickle.APPENDS
-                    batch = 0
-                    writer.boundary()
-        if batch:
-            writer.buffer += pickle.APPENDS
+        writer.save_list(
+            _shift_segment(seg, device, shift)
+            for _, device, shift, _dt in plan
+            for seg in source.get("segments") or []
+        )
         writer.save("device_traces")
         writer.buffer += pickle.EMPTY_LIST
         writer._put()
         writer.buffer += pickle.MARK
         originals = source.get("device_traces") or []
         for device in range(devices):
-            writer.buffer += pickle.EMPTY_LIST
-            writer._put()
-            batch = 0
-            for _, on, shift, dt in plan:
-                if on != device:
-                    continue
-                for trace in originals:
-                    for entry in trace:
-                        if batch == 0:
-                            writer.buffer += pickle.MARK
-                        writer.save_copy(_shift_entry(entry, shift, dt))
-                        batch += 1
-                        if batch == _BATCH:
-                            writer.buffer += pickle.APPENDS
-                            batch = 0
-                            writer.boundary()
-            if batch:
-                writer.buffer += pickle.APPENDS
+            writer.save_list(
+                _shift_entry(entry, shift, dt)
+                for _, on, shift, dt in plan
+                if on == device
+                for trace in originals
+                for entry in trace
+            )
         writer.buffer += pickle.APPENDS
         for key, value in source.items():
             if key in ("segments", "device_traces"):

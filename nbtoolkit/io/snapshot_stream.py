@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import gc
 import io
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from nbtoolkit.errors import SnapshotError
 from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular
+from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
 
 if TYPE_CHECKING:
@@ -55,16 +55,6 @@ __all__ = ["DRAIN_EVERY_BYTES", "stream_snapshot"]
 
 #: how often (bytes of pickle read) finished dicts are turned into columns and emptied
 DRAIN_EVERY_BYTES = 2 << 20
-
-
-class _RefusingUnpickler(pickle.Unpickler):
-    """Resolves no global (the same rule as nbtoolkit.io.snapshot.restricted_loads)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise SnapshotError(f"refused: the pickle tries to load {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise SnapshotError(f"refused: the pickle uses a persistent id ({str(pid)[:60]!r})")
 
 
 class _Inflated(io.RawIOBase):
@@ -269,28 +259,14 @@ def stream_snapshot(
                 fh.seek(0)
             reader = _DrainingReader(source, path, drain_every, drain.run)
             try:
-                raw = _RefusingUnpickler(reader).load()
+                raw = RefusingUnpickler(reader).load()
             except _EnoughRead:
                 return _segments_only(drain, columns, path, reader.position)
             except SnapshotError as exc:
                 message = str(exc)
                 raise SnapshotError(message if str(path) in message else f"{path}: {message}") from None
-            except (
-                pickle.UnpicklingError,
-                EOFError,
-                ValueError,
-                KeyError,
-                IndexError,
-                TypeError,
-                AttributeError,
-                UnicodeDecodeError,
-                OverflowError,
-                MemoryError,
-            ) as exc:
-                raise SnapshotError(
-                    f"{path} is not a readable memory snapshot (corrupt or truncated pickle: "
-                    f"{type(exc).__name__}: {exc}); re-dump it with torch.cuda.memory._dump_snapshot()"
-                ) from None
+            except UNPICKLING_ERRORS as exc:
+                raise corrupt_pickle(str(path), exc) from None
         drain.finished = True
         drain.run()  # what the unpickler appended after the last drain
         return _finish(raw, drain, columns, path)
