@@ -52,6 +52,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "RecomputePlan": "nbtoolkit.model.plan",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
+    "TraceSummary": "nbtoolkit.model.trace_summary",
     "capture_graphs": "nbtoolkit.capture.graphs",
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
     "compare": "nbtoolkit.analysis.diff",
@@ -72,6 +73,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "report": "nbtoolkit.views.report",
     "step_metrics": "nbtoolkit.capture.step_metrics",
     "stragglers": "nbtoolkit.analysis.stragglers",
+    "summarize_traces": "nbtoolkit.io.trace_summaries",
     "temporal_breakdown": "nbtoolkit.analysis.breakdown",
 }
 
@@ -100,7 +102,10 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 # such call, so `import nbtoolkit` stays light and the model layer never imports upward.
 _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
+    "nbtoolkit.analysis.rank_summary",
+    "nbtoolkit.analysis.stragglers",
     "nbtoolkit.io.kineto",
+    "nbtoolkit.io.trace_summaries",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
     "nbtoolkit.integrations.deepspeed.recompute",
@@ -160,6 +165,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.io.snapshot_export import export_memory_snapshot
+    from nbtoolkit.io.trace_summaries import summarize_traces
     from nbtoolkit.model.comparison import Comparison, Measurement
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.memory import MemoryTimeline
@@ -168,6 +174,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.snapshot import MemorySnapshot
     from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
     from nbtoolkit.optimizations.apply import optimize
     from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
     from nbtoolkit.optimizations.recompute import plan_recompute

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["comm_comp_overlap", "host_comm_and_compute"]
+__all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
@@ -144,6 +144,46 @@ def comm_comp_overlap(
         ],
     }[by]
     return pd.DataFrame(rows, columns=columns)
+
+
+def overlap_by_rank_and_step(
+    trace: Trace, *, include_last_step: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``comm_comp_overlap`` by rank and by iteration at once (each rank's events are classified once).
+
+    What :func:`nbtoolkit.analysis.rank_summary.summarize_trace` keeps of every rank at scale.
+    """
+    import pandas as pd
+
+    by_rank: list[dict[str, object]] = []
+    by_step: list[dict[str, object]] = []
+    for rank in trace.ranks:
+        comm_calls, comp_events, comp_steps, method = _comm_and_comp(
+            trace, rank, include_last_step=include_last_step
+        )
+        comp = merge(*comp_events)
+        comm = merge(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy())
+        by_rank.append({"rank": rank, **_overlap_numbers(comm, comp), "method": method})
+        for step, step_calls in comm_calls.groupby("step", sort=True):
+            if step < 0:
+                continue
+            in_step = comp_steps == step
+            by_step.append(
+                {
+                    "rank": rank,
+                    "step": int(step),
+                    **_overlap_numbers(
+                        merge(step_calls["ts"].to_numpy(), step_calls["end"].to_numpy()),
+                        merge(comp_events[0][in_step], comp_events[1][in_step]),
+                    ),
+                    "method": method,
+                }
+            )
+    numbers = ["comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"]
+    return (
+        pd.DataFrame(by_rank, columns=["rank", *numbers]),
+        pd.DataFrame(by_step, columns=["rank", "step", *numbers]),
+    )
 
 
 def _overlap_numbers(comm: Intervals, comp: Intervals) -> dict[str, float]:

@@ -1,0 +1,115 @@
+"""The per-rank cache of :func:`nbtoolkit.io.trace_summaries.summarize_traces`.
+
+A rank's trace file is parsed once; its summary (a few KB of JSON) and its events (Parquet,
+through ``Trace.save``) are kept in a cache folder under a key made of the file's name, size
+and modification time (nanoseconds) and the cache format, so a file that changes is read
+again and a second summary of the same folder reads only the small summaries.
+
+The cache folder is ``<traces folder>/.nbt-cache`` by default (hidden: the loaders skip it),
+or the folder the caller names (when the traces' folder is read-only). Nothing here is a
+pickle: a cache folder may be shared, and reading it must not run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import TraceError
+
+if TYPE_CHECKING:
+    from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+__all__ = ["CACHE_FORMAT", "DEFAULT_CACHE_NAME", "cache_key", "read_events", "read_summary", "write_rank"]
+
+CACHE_FORMAT = 1
+DEFAULT_CACHE_NAME = ".nbt-cache"
+_FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
+
+
+def cache_key(file: Path) -> str:
+    """``<name>-<size>-<mtime_ns>-v<format>``: changes whenever the file does."""
+    st = file.stat()
+    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
+
+
+def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> TraceSummary | None:
+    """The cached summary of a rank file, or None (not cached, unreadable, other options)."""
+    import pandas as pd
+
+    from nbtoolkit.model.trace import RankInfo
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+    path = cache_dir / f"{key}.summary.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("include_last_step") != include_last_step or data.get("format") != CACHE_FORMAT:
+        return None
+    try:
+        frames = {name: pd.DataFrame(**data[name]) for name in _FRAMES}
+        info = {int(r["rank"]): RankInfo.from_json(r) for r in data["info"]}
+    except (KeyError, TypeError, ValueError):
+        return None  # a cache from another version: read the trace again
+    return TraceSummary(
+        **frames,
+        info=info,
+        step_labels=list(data["step_labels"]),
+        include_last_step=include_last_step,
+        notes=list(data["notes"]),
+        cache_dir=str(cache_dir),
+    )
+
+
+def write_rank(cache_dir: Path, key: str, summary: TraceSummary, trace: Trace | None) -> None:
+    """Cache a rank's summary (and its events, when given); a cache that cannot be written is skipped."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        if trace is not None:
+            trace.save(cache_dir / key)
+        data: dict[str, Any] = {
+            "format": CACHE_FORMAT,
+            "include_last_step": summary.include_last_step,
+            "step_labels": summary.step_labels,
+            "notes": summary.notes,
+            "info": [summary.info[r].to_json() for r in summary.ranks],
+        }
+        for name in _FRAMES:
+            frame = getattr(summary, name)
+            data[name] = {"data": frame.to_dict("list"), "columns": list(frame.columns)}
+        # written whole, then renamed: a reader never sees half a summary
+        tmp = cache_dir / f".{key}.summary.json.{os.getpid()}"
+        tmp.write_text(json.dumps(data, default=_plain))
+        tmp.replace(cache_dir / f"{key}.summary.json")
+    except OSError:
+        return  # a read-only or full disk costs speed next time, not this result
+
+
+def read_events(cache_dir: Path, key: str) -> Trace | None:
+    from nbtoolkit.model.trace import Trace
+
+    folder = cache_dir / key
+    if not (folder / "trace.json").exists():
+        return None
+    try:
+        return Trace.load(folder)
+    except TraceError:
+        return None
+
+
+def _plain(value: object) -> object:
+    """numpy scalars and pandas NA in the frames, as JSON values."""
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    import math
+
+    return None if isinstance(value, float) and math.isnan(value) else str(value)
