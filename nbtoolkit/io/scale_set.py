@@ -18,8 +18,8 @@ so a set of N ranks is made from the ranks of a real (or session-recorded) job:
 - ``corrupt`` ranks are written truncated (the first half of their JSON), ``missing`` ranks
   are not written at all, for the bad-input paths.
 
-Deterministic: same base, same arguments, same bytes. A hidden ``.nbt-scale-set.json`` in the
-folder records what was injected (loaders skip hidden files).
+Deterministic: same base, same arguments, same bytes. ``<folder>.scale-set.json`` beside the
+folder records what was injected (:meth:`ScaleSet.read`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import msgspec
 from nbtoolkit.errors import NbtUsageError, TraceError
 from nbtoolkit.io.bounded import read_all
 
-__all__ = ["MANIFEST_NAME", "ScaleSet", "write_scale_set"]
+__all__ = ["MANIFEST_SUFFIX", "ScaleSet", "manifest_path", "write_scale_set"]
 
-MANIFEST_NAME = ".nbt-scale-set.json"
+MANIFEST_SUFFIX = ".scale-set.json"
 _COMM_KERNEL = re.compile(r"^nccl.*Kernel")
 
 
@@ -63,7 +63,7 @@ class ScaleSet:
     @classmethod
     def read(cls, folder: str | Path) -> ScaleSet:
         """The manifest of a folder written by :func:`write_scale_set`."""
-        return cls(**json.loads((Path(folder) / MANIFEST_NAME).read_text()))
+        return cls(**json.loads(manifest_path(folder).read_text()))
 
 
 def write_scale_set(
@@ -115,7 +115,16 @@ def write_scale_set(
             events = _waiting(doc["traceEvents"], extra)
         dist = {k: v for k, v in (doc.get("distributedInfo") or {}).items() if k != "pg_config"}
         dist.update(rank=rank, world_size=ranks)
-        data = encoder.encode({**doc, "distributedInfo": dist, "traceEvents": events})
+        # Kineto's layout: the document's fields first, written as json.dumps does ("rank": 5, with
+        # the space HTA's rank search needs), the events last (msgspec: the bulk, fast).
+        head = {k: v for k, v in doc.items() if k != "traceEvents"}
+        head["distributedInfo"] = dist
+        data = (
+            json.dumps(head)[:-1].encode()
+            + (b', "traceEvents": ' if head else b'{"traceEvents": ')
+            + encoder.encode(events)
+            + b"}"
+        )
         if rank in corrupt_set:
             data = data[: len(data) // 2]
         (out / f"rank{rank:05d}.json").write_bytes(data)
@@ -130,8 +139,14 @@ def write_scale_set(
         missing=sorted(missing_set),
         bytes_written=written,
     )
-    (out / MANIFEST_NAME).write_text(json.dumps(asdict(made), indent=1))
+    manifest_path(out).write_text(json.dumps(asdict(made), indent=1))
     return made
+
+
+def manifest_path(folder: str | Path) -> Path:
+    """``<folder>.scale-set.json``: beside the folder, not in it (HTA reads every JSON file there)."""
+    folder = Path(folder).expanduser()
+    return folder.with_name(folder.name + MANIFEST_SUFFIX)
 
 
 def _base_files(base: str | Path | Iterable[str | Path]) -> list[Path]:
