@@ -21,6 +21,7 @@ path (``Cluster.local(ranks=2).summarize_traces(folder)``; run it inside ``unsha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -89,10 +90,8 @@ def measure(body: str, folder: Path) -> dict[str, object]:
             tree = [top, *top.children(recursive=True)]
             total = 0
             for p in tree:
-                try:
+                with contextlib.suppress(psutil.Error):  # a worker that just exited
                     total += p.memory_info().rss
-                except psutil.Error:
-                    pass
             peak = max(peak, total)
         except psutil.Error:
             pass
@@ -171,7 +170,9 @@ def _summarize(row: dict[str, object]) -> None:
     if "cluster" in row:
         cluster = row["cluster"]
         assert isinstance(cluster, dict)
-        row["cluster_max_overlap_diff_pp"] = compare_overlap(cluster["answer"]["overlap"], ours["answer"]["overlap"])
+        row["cluster_max_overlap_diff_pp"] = compare_overlap(
+            cluster["answer"]["overlap"], ours["answer"]["overlap"]
+        )
         line += f"; cluster {cluster['seconds']:.1f} s (summarize {cluster['answer']['summarize_s']:.1f} s)"
     if "hta" in row:
         hta = row["hta"]
@@ -180,7 +181,8 @@ def _summarize(row: dict[str, object]) -> None:
         row["rss_ratio_hta_over_nbt"] = hta["peak_rss_mb"] / ours["peak_rss_mb"]
         row["max_overlap_diff_pp"] = compare_overlap(ours["answer"]["overlap"], hta["answer"]["overlap"])
         line += (
-            f"; HTA {hta['seconds']:.1f} s {hta['peak_rss_mb']:.0f} MB -> time x{row['time_ratio_hta_over_nbt']:.1f},"
+            f"; HTA {hta['seconds']:.1f} s {hta['peak_rss_mb']:.0f} MB"
+            f" -> time x{row['time_ratio_hta_over_nbt']:.1f},"
             f" RSS x{row['rss_ratio_hta_over_nbt']:.1f}, overlap max diff {row['max_overlap_diff_pp']:.3f} pp"
         )
     print(line, flush=True)
