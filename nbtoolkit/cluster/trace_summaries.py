@@ -101,12 +101,12 @@ def summarize_on_cluster(
     run.raise_for_errors()
     outcomes = [o for rank in run.ranks for o in (run.values.get(rank) or [])]
 
-    def redo(file: str, labels: list[str]) -> TraceSummary:
+    def redo(file: str, labels: list[str]) -> dict[str, Any]:
         # summarized again on its node with the job's ProfilerStep labels (rare; see rank_summary)
         job = cluster.execute(_redo_on_rank, args=(file, labels), ranks=[owners[file]])
         job.raise_for_errors()
-        summary: TraceSummary = job.values[owners[file]]
-        return summary
+        records: dict[str, Any] = job.values[owners[file]]
+        return records
 
     summary = combine_outcomes(Path(where), outcomes, on_error=on_error, notes=[], cache_dir=None, redo=redo)
     summary.cache_dir = None  # the caches are on the nodes: load_ranks_on_cluster reads them
@@ -135,11 +135,10 @@ def load_ranks_on_cluster(
     return Trace.combine(t for t in (run.values.get(r) for r in run.ranks) if t is not None)
 
 
-def _redo_on_rank(file: str, labels: list[str]) -> TraceSummary:
+def _redo_on_rank(file: str, labels: list[str]) -> dict[str, Any]:
     from nbtoolkit.io.kineto import load_rank_file
 
-    summary: TraceSummary = load_rank_file(Path(file)).summarize(step_labels=labels)
-    return summary
+    return load_rank_file(Path(file)).summarize(step_labels=labels).to_records()
 
 
 def _assign(

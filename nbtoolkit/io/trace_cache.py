@@ -21,13 +21,11 @@ from nbtoolkit.errors import TraceError
 
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
-    from nbtoolkit.model.trace_summary import TraceSummary
 
 __all__ = ["CACHE_FORMAT", "DEFAULT_CACHE_NAME", "cache_key", "read_events", "read_summary", "write_rank"]
 
 CACHE_FORMAT = 1
 DEFAULT_CACHE_NAME = ".nbt-cache"
-_FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
 
 
 def cache_key(file: Path) -> str:
@@ -36,51 +34,28 @@ def cache_key(file: Path) -> str:
     return f"{file.name}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
 
 
-def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> TraceSummary | None:
-    """The cached summary of a rank file, or None (not cached, unreadable, other options)."""
-    import pandas as pd
-
-    from nbtoolkit.model.trace import RankInfo
-    from nbtoolkit.model.trace_summary import TraceSummary
-
+def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str, Any] | None:
+    """The cached summary records of a rank file (``TraceSummary.to_records``), or None."""
     path = cache_dir / f"{key}.summary.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if data.get("include_last_step") != include_last_step or data.get("format") != CACHE_FORMAT:
-        return None
-    try:
-        frames = {name: pd.DataFrame(**data[name]) for name in _FRAMES}
-        info = {int(r["rank"]): RankInfo.from_json(r) for r in data["info"]}
-    except (KeyError, TypeError, ValueError):
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
         return None  # a cache from another version: read the trace again
-    return TraceSummary(
-        **frames,
-        info=info,
-        step_labels=list(data["step_labels"]),
-        include_last_step=include_last_step,
-        notes=list(data["notes"]),
-        cache_dir=str(cache_dir),
-    )
+    if data.get("include_last_step") != include_last_step:
+        return None
+    records: dict[str, Any] = data["records"]
+    return records
 
 
-def write_rank(cache_dir: Path, key: str, summary: TraceSummary, trace: Trace | None) -> None:
-    """Cache a rank's summary (and its events, when given); a cache that cannot be written is skipped."""
+def write_rank(cache_dir: Path, key: str, records: dict[str, Any], trace: Trace | None) -> None:
+    """Cache a rank's summary records (and events, when given); an unwritable cache is skipped."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         if trace is not None:
             trace.save(cache_dir / key)
-        data: dict[str, Any] = {
-            "format": CACHE_FORMAT,
-            "include_last_step": summary.include_last_step,
-            "step_labels": summary.step_labels,
-            "notes": summary.notes,
-            "info": [summary.info[r].to_json() for r in summary.ranks],
-        }
-        for name in _FRAMES:
-            frame = getattr(summary, name)
-            data[name] = {"data": frame.to_dict("list"), "columns": list(frame.columns)}
+        data = {"format": CACHE_FORMAT, "include_last_step": records["include_last_step"], "records": records}
         # written whole, then renamed: a reader never sees half a summary
         tmp = cache_dir / f".{key}.summary.json.{os.getpid()}"
         tmp.write_text(json.dumps(data, default=_plain))

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from nbtoolkit.errors import NbtUsageError, TraceError
 from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, cache_key, read_events, read_summary, write_rank
@@ -46,10 +46,13 @@ _MIN_FILES_FOR_WORKERS = 3
 
 
 class RankOutcome(NamedTuple):
-    """What reading one rank file gave: a summary, or why it failed (``kind``: corrupt / not-a-trace)."""
+    """What reading one rank file gave: its summary records, or why not (``kind``: corrupt / not-a-trace).
+
+    ``records`` is ``TraceSummary.to_records()``: plain data, cheap to pickle, combined once.
+    """
 
     file: str
-    summary: TraceSummary | None
+    records: dict[str, Any] | None
     kind: str = ""
     reason: str = ""
 
@@ -114,7 +117,7 @@ def combine_outcomes(
     on_error: str,
     notes: list[str],
     cache_dir: Path | None,
-    redo: Callable[[str, list[str]], TraceSummary] | None = None,
+    redo: Callable[[str, list[str]], dict[str, Any]] | None = None,
 ) -> TraceSummary:
     """The job's summary from the ranks' outcomes: failures named, missing ranks listed, job checked.
 
@@ -124,7 +127,7 @@ def combine_outcomes(
     from nbtoolkit.io._kineto_ranks import check_same_job, rank_from_file_name
     from nbtoolkit.model.trace_summary import TraceSummary
 
-    good = [o for o in outcomes if o.summary is not None]
+    good = [o for o in outcomes if o.records is not None]
     failed = {o.file: o.reason for o in outcomes if o.kind == "corrupt"}
     notes.extend(f"skipped {Path(o.file).name}: {o.reason}" for o in outcomes if o.kind == "not-a-trace")
     if failed and on_error == "raise":
@@ -136,16 +139,16 @@ def combine_outcomes(
         )
         raise TraceError(f"{root}: no rank trace could be read ({detail})")
     # HTA's last-step rule counts the labels of the whole job: redo ranks that decided alone
-    labels = sorted({label for o in good for s in [o.summary] if s for label in s.step_labels})
-    summaries = []
+    labels = sorted({label for o in good if o.records for label in o.records["step_labels"]})
+    records = []
     for o in good:
-        assert o.summary is not None
-        alone = len(o.summary.step_labels) >= 2
-        if alone != (len(labels) >= 2) and not o.summary.include_last_step:
-            summaries.append((redo or _redo_here(cache_dir))(o.file, labels))
+        assert o.records is not None
+        alone = len(o.records["step_labels"]) >= 2
+        if alone != (len(labels) >= 2) and not o.records["include_last_step"]:
+            records.append((redo or _redo_here(cache_dir))(o.file, labels))
         else:
-            summaries.append(o.summary)
-    summary = TraceSummary.combine(summaries, notes=notes)
+            records.append(o.records)
+    summary = TraceSummary.from_records(records, notes=notes)
     check_same_job(root, summary.info)
     summary.failed = failed
     world = summary.world_size
@@ -234,15 +237,38 @@ def _run_all(
         for f in files
         if str(f) not in outcomes
     ]
-    if len(jobs) < _MIN_FILES_FOR_WORKERS or workers == 1:
-        done = [_summarize_one(*job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=_context()) as pool:
-            # chunks of a few files: fewer round trips, still balanced over the workers
-            chunk = max(1, min(8, len(jobs) // (workers * 4)))
-            done = list(pool.map(_summarize_one, *zip(*jobs, strict=True), chunksize=chunk))
+    done = _read_jobs(jobs, workers)
     outcomes.update((o.file, o) for o in done)
     return [outcomes[str(f)] for f in files]
+
+
+def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[RankOutcome]:
+    """Run the jobs in this process and ``workers - 1`` worker processes, all pulling from one list.
+
+    Starting workers takes a second or more (a fresh interpreter importing pandas); this
+    process starts reading at once, from the end of the list, while the workers take chunks
+    from the front. A chunk this process wants is taken back from the pool by cancelling its
+    future, which succeeds only while no worker has started it: no file is read twice.
+    """
+    if len(jobs) < _MIN_FILES_FOR_WORKERS or workers == 1:
+        return [_summarize_one(*job) for job in jobs]
+    size = max(1, min(8, len(jobs) // (workers * 8)))
+    chunks = [jobs[i : i + size] for i in range(0, len(jobs), size)]
+    results: list[list[RankOutcome] | None] = [None] * len(chunks)
+    with ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=_context()) as pool:
+        futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
+        for i in reversed(range(len(chunks))):
+            if not futures[i].cancel():
+                break  # a worker has it, and every chunk before it
+            results[i] = _summarize_chunk(chunks[i])
+        for i, future in enumerate(futures):
+            if results[i] is None:
+                results[i] = future.result()
+    return [o for part in results if part for o in part]
+
+
+def _summarize_chunk(chunk: list[tuple[str, str | None, bool]]) -> list[RankOutcome]:
+    return [_summarize_one(*job) for job in chunk]
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -277,11 +303,10 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
         return RankOutcome(file, None, "not-a-trace", str(exc))
     except TraceError as exc:
         return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
-    summary: TraceSummary = trace.summarize(include_last_step=include_last_step)
+    records = trace.summarize(include_last_step=include_last_step).to_records()
     if folder is not None and key is not None:
-        write_rank(folder, key, summary, trace)
-        summary.cache_dir = str(folder)
-    return RankOutcome(file, summary)
+        write_rank(folder, key, records, trace)
+    return RankOutcome(file, records)
 
 
 def _reason(message: str, file: str) -> str:
@@ -289,14 +314,13 @@ def _reason(message: str, file: str) -> str:
     return message[len(file) + 2 :] if message.startswith(file + ": ") else message
 
 
-def _redo_here(cache_dir: Path | None) -> Callable[[str, list[str]], TraceSummary]:
-    def redo(file: str, labels: list[str]) -> TraceSummary:
+def _redo_here(cache_dir: Path | None) -> Callable[[str, list[str]], dict[str, Any]]:
+    def redo(file: str, labels: list[str]) -> dict[str, Any]:
         from nbtoolkit.io.kineto import load_rank_file
 
         path = Path(file)
         trace = read_events(cache_dir, cache_key(path)) if cache_dir else None
         trace = trace if trace is not None else load_rank_file(path)
-        summary: TraceSummary = trace.summarize(step_labels=labels)
-        return summary
+        return trace.summarize(step_labels=labels).to_records()
 
     return redo

@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import RankInfo, StragglerReport, Trace
 
-__all__ = ["SPAN_COLUMNS", "TraceSummary"]
+__all__ = ["FRAMES", "SPAN_COLUMNS", "TraceSummary"]
 
 SPAN_COLUMNS = ("rank", "first_us", "last_us", "events")
+FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
 
 
 # eq: identity (frames have no truth value); repr: the Result text
@@ -92,6 +93,63 @@ class TraceSummary(Result):
     def figures(self, *, top: int = 4) -> Any:
         """The scale views: rank x step heatmaps, overlap distribution, straggler ranking + lanes."""
         return provided("TraceSummary.figures")(self, top=top)
+
+    # ---------------------------------------------------------------- records
+    def to_records(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, numbers): what a worker or a node sends back, and the cache holds.
+
+        Building DataFrames costs about a millisecond each; hundreds of ranks are combined from
+        records and the frames are built once (:meth:`from_records`).
+        """
+        data: dict[str, Any] = {
+            "include_last_step": self.include_last_step,
+            "step_labels": list(self.step_labels),
+            "notes": list(self.notes),
+            "info": [self.info[r].to_json() for r in self.ranks],
+        }
+        for name in FRAMES:
+            frame = getattr(self, name)
+            data[name] = {"columns": list(frame.columns), "data": frame.to_dict("list")}
+        return data
+
+    @classmethod
+    def from_records(cls, parts: Iterable[dict[str, Any]], *, notes: Iterable[str] = ()) -> TraceSummary:
+        """One summary from the records of disjoint rank sets (:meth:`to_records`); frames built once."""
+        import pandas as pd
+
+        from nbtoolkit.model.trace import RankInfo
+
+        parts = list(parts)
+        if not parts:
+            raise TraceError("TraceSummary.from_records() got no records")
+        info: dict[int, RankInfo] = {}
+        for part in parts:
+            for entry in part["info"]:
+                rank_info = RankInfo.from_json(entry)
+                if rank_info.rank in info:
+                    raise TraceError(
+                        f"rank {rank_info.rank} appears twice ({info[rank_info.rank].source} and "
+                        f"{rank_info.source}); keep one trace per rank"
+                    )
+                info[rank_info.rank] = rank_info
+        frames = {}
+        for name in FRAMES:
+            columns = parts[0][name]["columns"]
+            merged: dict[str, list[Any]] = {c: [] for c in columns}
+            for part in parts:
+                for c in columns:
+                    merged[c].extend(part[name]["data"].get(c, []))
+            keys = ["rank", "step"] if "step" in columns else ["rank"]
+            frame = pd.DataFrame(merged, columns=columns)
+            frames[name] = frame.sort_values(keys, kind="stable", ignore_index=True) if len(frame) else frame
+        all_notes = [n for p in parts for n in p["notes"]]
+        return cls(
+            **frames,
+            info=dict(sorted(info.items())),
+            step_labels=sorted({label for p in parts for label in p["step_labels"]}),
+            include_last_step=bool(parts[0]["include_last_step"]),
+            notes=list(dict.fromkeys([*notes, *all_notes])),
+        )
 
     # ---------------------------------------------------------------- combine
     @classmethod
