@@ -123,6 +123,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/nbt-trace-scale"))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "trace_scale.json")
     parser.add_argument("--no-hta", action="store_true", help="skip HTA (e.g. a second run)")
+    parser.add_argument(
+        "--hta-from", type=Path, help="take HTA's numbers from an earlier --out file (HTA runs minutes)"
+    )
     parser.add_argument("--cluster", action="store_true", help="add the cluster path (inside unshare --net)")
     args = parser.parse_args()
 
@@ -148,7 +151,11 @@ def main() -> None:
         row["nbtoolkit_cached"] = measure(NBTOOLKIT.format(cache_dir=cache_dir), folder)
         if args.cluster:
             row["cluster"] = measure(CLUSTER, folder)
-        if not args.no_hta:
+        if args.hta_from:
+            earlier = {r["ranks"]: r for r in json.loads(args.hta_from.read_text()) if "hta" in r}
+            if n in earlier:
+                row["hta"] = earlier[n]["hta"]
+        elif not args.no_hta:
             row["hta"] = measure(HTA, folder)
         _summarize(row)
         results.append(row)

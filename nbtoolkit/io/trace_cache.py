@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CACHE_FORMAT", "DEFAULT_CACHE_NAME", "cache_key", "read_events", "read_summary", "write_rank"]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 DEFAULT_CACHE_NAME = ".nbt-cache"
 
 
@@ -45,8 +45,8 @@ def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str
         return None  # a cache from another version: read the trace again
     if data.get("include_last_step") != include_last_step:
         return None
-    records: dict[str, Any] = data["records"]
-    return records
+    records = data.get("records")
+    return records if isinstance(records, dict) else None
 
 
 def write_rank(cache_dir: Path, key: str, records: dict[str, Any], trace: Trace | None) -> None:
