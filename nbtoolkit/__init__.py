@@ -112,6 +112,7 @@ _PROVIDER_MODULES = (
     "nbtoolkit.optimizations.checkpoint",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",
+    "nbtoolkit.views.trace_scale",
 )
 
 
