@@ -11,7 +11,9 @@ For each N (default 8, 64, 256) a scale set is written from the 8 real ranks of
 
 Wall time is the subprocess's (interpreter start and imports included). Peak RSS is the
 largest total resident memory of the subprocess and all its children (workers included),
-sampled every 20 ms with psutil. The overlap of every rank is compared with HTA's (0.1 pp),
+sampled every 20 ms with psutil; PSS (proportional set size: a page shared by forked
+processes counted once in all) is recorded beside it, since both tools' workers share pages.
+The overlap of every rank is compared with HTA's (0.1 pp),
 and the straggler nbtoolkit finds with the injected one. ``--cluster`` adds the cluster
 path (``Cluster.local(ranks=2).summarize_traces(folder)``; run it inside ``unshare --net``).
 
@@ -84,15 +86,17 @@ def measure(body: str, folder: Path) -> dict[str, object]:
         cwd=ROOT,
     )
     top = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_pss = 0
     while proc.poll() is None:
         try:
             tree = [top, *top.children(recursive=True)]
-            total = 0
+            total = total_pss = 0
             for p in tree:
                 with contextlib.suppress(psutil.Error):  # a worker that just exited
-                    total += p.memory_info().rss
-            peak = max(peak, total)
+                    full = p.memory_full_info()
+                    total += full.rss
+                    total_pss += full.pss
+            peak, peak_pss = max(peak, total), max(peak_pss, total_pss)
         except psutil.Error:
             pass
         time.sleep(0.02)
@@ -101,7 +105,12 @@ def measure(body: str, folder: Path) -> dict[str, object]:
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return {"seconds": seconds, "peak_rss_mb": peak / 2**20, "answer": json.loads(line[7:])}
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": peak / 2**20,
+        "peak_pss_mb": peak_pss / 2**20,
+        "answer": json.loads(line[7:]),
+    }
 
 
 def compare_overlap(ours: dict[str, float], theirs: dict[str, float]) -> float:
@@ -186,6 +195,8 @@ def _summarize(row: dict[str, object]) -> None:
         assert isinstance(hta, dict)
         row["time_ratio_hta_over_nbt"] = hta["seconds"] / ours["seconds"]
         row["rss_ratio_hta_over_nbt"] = hta["peak_rss_mb"] / ours["peak_rss_mb"]
+        if "peak_pss_mb" in hta:
+            row["pss_ratio_hta_over_nbt"] = hta["peak_pss_mb"] / ours["peak_pss_mb"]
         row["max_overlap_diff_pp"] = compare_overlap(ours["answer"]["overlap"], hta["answer"]["overlap"])
         line += (
             f"; HTA {hta['seconds']:.1f} s {hta['peak_rss_mb']:.0f} MB"

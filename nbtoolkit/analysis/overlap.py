@@ -305,13 +305,19 @@ def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
 
 def _step_windows(host: pd.DataFrame) -> dict[int, tuple[float, float]]:
     names = host["name"]
-    numbers = step_labels(names.cat.categories)
-    rows = host[names.isin(list(numbers)).to_numpy() & (host["stream"].to_numpy() < 0)]
+    categories = names.cat.categories
+    numbers = step_labels(categories)
+    if not numbers:
+        return {}
+    # numpy on the category codes: this runs once per rank, hundreds of times at scale
+    step_of_code = np.array([numbers.get(str(c), -1) for c in categories] + [-1], dtype=np.int64)
+    steps = step_of_code[names.cat.codes.to_numpy()]
+    rows = (steps >= 0) & (host["stream"].to_numpy() < 0)
+    ts, end, steps = host["ts"].to_numpy()[rows], host["end"].to_numpy()[rows], steps[rows]
     windows: dict[int, tuple[float, float]] = {}
-    for name, ts, end in zip(rows["name"].astype(str), rows["ts"], rows["end"], strict=True):
-        step = numbers[name]
-        old = windows.get(step)
-        windows[step] = (min(ts, old[0]), max(end, old[1])) if old else (float(ts), float(end))
+    for step in np.unique(steps):
+        on = steps == step
+        windows[int(step)] = (float(ts[on].min()), float(end[on].max()))
     return windows
 
 
@@ -326,10 +332,16 @@ def _launch_steps(
     view: k.DeviceView, calls: pd.DataFrame, windows: dict[int, tuple[float, float]]
 ) -> np.ndarray:
     """The step of each device call: that of the host event that launched it, else its own start."""
-    host = view.host[view.host["correlation"].to_numpy() >= 0]
-    launch = host.drop_duplicates("correlation", keep="last").set_index("correlation")["ts"]
-    launched = calls["correlation"].map(launch).to_numpy(dtype=np.float64) if len(calls) else np.empty(0)
-    ts = np.where(np.isnan(launched), calls["ts"].to_numpy(), launched)
+    correlation = view.host["correlation"].to_numpy()
+    has = correlation >= 0
+    host_corr, host_ts = correlation[has], view.host["ts"].to_numpy()[has]
+    # the last host event of each correlation launched it (as drop_duplicates(keep="last") would)
+    keys, first_from_end = np.unique(host_corr[::-1], return_index=True)
+    launch_ts = host_ts[::-1][first_from_end]
+    wanted = calls["correlation"].to_numpy()
+    at = np.clip(np.searchsorted(keys, wanted), 0, max(len(keys) - 1, 0))
+    found = (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), dtype=bool)
+    ts = np.where(found, launch_ts[at] if len(keys) else 0.0, calls["ts"].to_numpy())
     return _step_of(ts, windows)
 
 
