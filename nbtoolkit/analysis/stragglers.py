@@ -84,31 +84,27 @@ def _report(
 
     from nbtoolkit.model.trace import StragglerReport
 
-    overlap = overlap_table.set_index("rank")
-    steps_of = dict(tuple(steps.groupby("rank", sort=False))) if len(steps) else {}
-    rows = []
-    for rank in ranks:
-        rank_steps = steps_of.get(rank, steps.iloc[:0]).sort_values("step")
-        if filtered and len(rank_steps) >= 2:
-            rank_steps = rank_steps.iloc[:-1]  # the same steps the overlap analysis used
-        if len(rank_steps):
-            n_steps = len(rank_steps)
-            step_ms = float(rank_steps["dur"].mean()) / 1e3
-        else:
-            n_steps = 1
-            step_ms = spans_us[rank] / 1e3
-        exposed = float(overlap.loc[rank, "exposed_comm_us"]) / 1e3 / n_steps
-        comm = float(overlap.loc[rank, "comm_time_us"]) / 1e3 / n_steps
-        rows.append(
-            {
-                "rank": rank,
-                "steps": n_steps,
-                "step_time_ms": step_ms,
-                "comm_ms": comm,
-                "exposed_comm_ms": exposed,
-                "work_ms": step_ms - exposed,
-            }
-        )
+    overlap = overlap_table.set_index("rank").reindex(ranks)
+    steps = steps.sort_values(["rank", "step"], kind="stable")
+    if filtered:  # the same steps the overlap analysis used: a rank's last step left out (when it has two)
+        per_rank = steps.groupby("rank")["step"].transform("size").to_numpy()
+        is_last = ~steps["rank"].duplicated(keep="last").to_numpy()
+        steps = steps[~(is_last & (per_rank >= 2))]
+    counted = steps.groupby("rank")["dur"].agg(["size", "mean"]).reindex(ranks)
+    has_steps = counted["size"].fillna(0).to_numpy() > 0
+    n_steps = np.where(has_steps, counted["size"].fillna(1).to_numpy(), 1.0)
+    span_ms = np.array([spans_us[r] for r in ranks], dtype=np.float64) / 1e3
+    step_ms = np.where(has_steps, counted["mean"].to_numpy() / 1e3, span_ms)
+    exposed = overlap["exposed_comm_us"].to_numpy(dtype=np.float64) / 1e3 / n_steps
+    comm = overlap["comm_time_us"].to_numpy(dtype=np.float64) / 1e3 / n_steps
+    rows = {
+        "rank": ranks,
+        "steps": n_steps.astype(np.int64),
+        "step_time_ms": step_ms,
+        "comm_ms": comm,
+        "exposed_comm_ms": exposed,
+        "work_ms": step_ms - exposed,
+    }
     table = pd.DataFrame(rows)
     median = float(table["work_ms"].median())
     table["slowdown_pct"] = 100.0 * (table["work_ms"] / median - 1.0) if median > 0 else np.nan
