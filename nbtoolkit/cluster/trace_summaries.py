@@ -163,11 +163,11 @@ def _assign(
 
 
 def _node_id() -> str:
-    try:
-        import ray
+    """Ray's id of this worker's node; outside a Ray worker, the host name (never starts Ray)."""
+    import socket
+    import sys
 
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # outside Ray (a test calling it directly): the host is the node
-        import socket
-
-        return socket.gethostname()
+    return socket.gethostname()
