@@ -34,7 +34,7 @@ def scale_folder(tmp_path_factory: pytest.TempPathFactory, real_data) -> Path:
     from nbtoolkit.io.scale_set import write_scale_set
 
     folder = tmp_path_factory.mktemp("scale") / "traces"
-    write_scale_set(real_data("traces/param_dlrm_8rank"), folder, ranks=RANKS, corrupt=[4], missing=[7])
+    write_scale_set(real_data("traces/param_dlrm_8rank"), folder, ranks=RANKS, corrupt=[4], missing=[10])
     return folder
 
 
@@ -45,11 +45,11 @@ def test_cluster_summary_equals_local_and_full_load(cluster, scale_folder: Path)
     made = ScaleSet.read(scale_folder)
     remote = cluster.summarize_traces(scale_folder)
     local = nbt.summarize_traces(scale_folder, workers=1)
-    assert remote.ranks == local.ranks == [r for r in range(RANKS) if r not in (4, 7)]
+    assert remote.ranks == local.ranks == [r for r in range(RANKS) if r not in (4, 10)]
     np.testing.assert_allclose(remote.overlap["overlap_pct"], local.overlap["overlap_pct"])
     np.testing.assert_allclose(remote.overlap["exposed_comm_us"], local.overlap["exposed_comm_us"])
     assert [Path(f).name for f in remote.failed] == ["rank00004.json"]
-    assert remote.missing_ranks == [7]
+    assert remote.missing_ranks == [10]
     report = nbt.stragglers(remote)
     assert report.has_straggler and report.slowest_rank == made.straggler
     assert any("summarized on the cluster" in n for n in remote.notes)
