@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
 
 __all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 
@@ -54,7 +55,7 @@ Intervals = tuple[np.ndarray, np.ndarray]
 
 
 def comm_comp_overlap(
-    trace: Trace,
+    trace: Trace | TraceSummary,
     *,
     by: Literal["rank", "iteration", "collective"] = "rank",
     include_last_step: bool = False,
@@ -74,7 +75,24 @@ def comm_comp_overlap(
         include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
 
     ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
+
+    ``trace`` may be a :class:`~nbtoolkit.model.trace_summary.TraceSummary` (``nbt.summarize_traces``):
+    its per-rank and per-step tables are returned (the events needed per call are not in it).
     """
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+    if isinstance(trace, TraceSummary):
+        if include_last_step != trace.include_last_step:
+            raise NbtUsageError(
+                f"this summary was made with include_last_step={trace.include_last_step}; "
+                "summarize the traces again with the other value"
+            )
+        if by == "collective":
+            raise NbtUsageError(
+                "a TraceSummary keeps no per-call events: use comm_comp_overlap(summary.load_ranks([...]), "
+                "by='collective') for the ranks you want"
+            )
+        return trace.overlap.copy() if by == "rank" else trace.overlap_by_step.copy()
     trace = as_trace(trace, what="comm_comp_overlap()")
     import pandas as pd
 

@@ -133,6 +133,16 @@ def test_job_wide_step_labels_reach_a_rank_read_alone(real_data) -> None:
     assert not np.isclose(alone.summarize().overlap["comm_time_us"][0], told["comm_time_us"][0])
 
 
+def test_comm_comp_overlap_takes_a_summary(dlrm_set: ScaleSet) -> None:
+    summary = nbt.summarize_traces(dlrm_set.path, workers=1)
+    pd.testing.assert_frame_equal(nbt.comm_comp_overlap(summary), summary.overlap)
+    pd.testing.assert_frame_equal(nbt.comm_comp_overlap(summary, by="iteration"), summary.overlap_by_step)
+    with pytest.raises(nbt.NbtUsageError, match="load_ranks"):
+        nbt.comm_comp_overlap(summary, by="collective")
+    with pytest.raises(nbt.NbtUsageError, match="include_last_step=False"):
+        nbt.comm_comp_overlap(summary, include_last_step=True)
+
+
 def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such file or folder"):
         nbt.summarize_traces(tmp_path / "absent")
