@@ -65,9 +65,11 @@ answer = {"overlap": overlap, "straggler": report.slowest_rank if report.has_str
 """
 
 WRAPPER = """
-import json, sys, time
+import json, resource, sys, time
 folder = sys.argv[1]
 {body}
+# the driver's own peak (the notebook's share; on the cluster path Ray's processes are the rest)
+answer["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps(answer))
 """
 
