@@ -255,7 +255,8 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     size = max(1, min(8, len(jobs) // (workers * 8)))
     chunks = [jobs[i : i + size] for i in range(0, len(jobs), size)]
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
-    with ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=_context()) as pool:
+    pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=_context())
+    try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
         for i in reversed(range(len(chunks))):
             if not futures[i].cancel():
@@ -264,6 +265,11 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
         for i, future in enumerate(futures):
             if results[i] is None:
                 results[i] = future.result()
+    except BaseException:
+        # Ctrl-C (or a worker that died): drop the chunks not started rather than read them all
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return [o for part in results if part for o in part]
 
 
