@@ -26,6 +26,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -265,8 +266,14 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
         for i, future in enumerate(futures):
             if results[i] is None:
                 results[i] = future.result()
+    except BrokenProcessPool:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise TraceError(
+            "a worker process reading the traces died (killed, or out of memory on a large rank file); "
+            "read with fewer processes (workers=1 reads in this one)"
+        ) from None
     except BaseException:
-        # Ctrl-C (or a worker that died): drop the chunks not started rather than read them all
+        # Ctrl-C: drop the chunks not started rather than read them all
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
