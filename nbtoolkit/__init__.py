@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 _LAZY_EXPORTS: dict[str, str] = {
     "Cluster": "nbtoolkit.cluster.cluster",
     "Comparison": "nbtoolkit.model.comparison",
+    "CriticalPath": "nbtoolkit.model.critical_path",
     "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
     "MeasureConfig": "nbtoolkit.optimizations.config",
@@ -55,6 +56,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "capture_graphs": "nbtoolkit.capture.graphs",
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
     "compare": "nbtoolkit.analysis.diff",
+    "critical_path": "nbtoolkit.analysis.critical_path",
     "export_memory_snapshot": "nbtoolkit.io.snapshot_export",
     "idle_breakdown": "nbtoolkit.analysis.breakdown",
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
@@ -101,6 +103,7 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
     "nbtoolkit.io.kineto",
+    "nbtoolkit.io.kineto_args",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.memory",
     "nbtoolkit.integrations.deepspeed.recompute",
@@ -147,6 +150,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.analysis.critical_path import critical_path
     from nbtoolkit.analysis.diff import compare
     from nbtoolkit.analysis.overlap import comm_comp_overlap
     from nbtoolkit.analysis.stragglers import stragglers
@@ -161,6 +165,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.io.snapshot_export import export_memory_snapshot
     from nbtoolkit.model.comparison import Comparison, Measurement
+    from nbtoolkit.model.critical_path import CriticalPath
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.metrics import StepMetrics
