@@ -24,6 +24,14 @@ edge kind           from -> to                                                  
                     Context Sync, the event's kernel for Event Sync); kernel
                     before a cudaEventRecord -> the next kernel launched on a
                     stream that waits for that event (Stream Wait Event)
+``collective``      a host-side collective run by a backend thread (gloo's     time
+                    ``gloo:*`` ops): start -> end
+``enqueue``         the collective call on the caller's thread (``c10d::*``)   time
+                    -> the backend op it enqueued (paired in order), or the
+                    backend thread's previous op end -> its start when busy
+``sync``            a backend op's end -> the caller thread's next op, when     0
+                    that thread sat idle across the end and resumed within
+                    ``RESUME_US`` of it (it was waiting for the collective)
 ==================  ==========================================================  =============
 
 Waiting is not work: a path through a blocking sync call or a gap weighs nothing there, so
@@ -68,6 +76,7 @@ BLOCKING_CALLS = frozenset(
         "hipMemcpyAsync",
     }
 )
+RESUME_US = 2000.0  # a thread that resumes this soon after a collective ends was waiting for it
 _SYNC_EVENTS = ("Context Sync", "Stream Sync", "Event Sync", "Stream Wait Event")
 
 
@@ -99,9 +108,64 @@ def build_graph(events: pd.DataFrame, wait_args: pd.DataFrame | None = None) -> 
     node_ts[0::2], node_ts[1::2] = ts, end
     graph = Graph(events=events, node_ts=node_ts)
     stream = events["stream"].to_numpy()
-    _add_host_edges(graph, np.flatnonzero(stream < 0))
+    backend = events["name"].astype(str).str.startswith(BACKEND_PREFIXES).to_numpy() & (stream < 0)
+    _add_host_edges(graph, np.flatnonzero((stream < 0) & ~backend))
     _add_device_edges(graph, wait_args)
+    _add_backend_collectives(graph, np.flatnonzero(backend))
     return graph
+
+
+BACKEND_PREFIXES = ("gloo:",)  # collectives a backend runs on threads of its own
+_CALLER_PREFIXES = ("c10d::",)
+
+
+def _add_backend_collectives(graph: Graph, rows: np.ndarray) -> None:
+    """Edges of host collectives run on backend threads (see the table in the module docstring)."""
+    if not len(rows):
+        return
+    ev = graph.events
+    ts, end = graph.node_ts[0::2], graph.node_ts[1::2]
+    names = ev["name"].astype(str).to_numpy()
+    stream = ev["stream"].to_numpy()
+    lane = ev["pid"].to_numpy().astype(np.int64) * (1 << 32) + ev["tid"].to_numpy().astype(np.int64)
+    host = np.flatnonzero((stream < 0) & ~np.isin(np.arange(len(ev)), rows))
+    callers = host[np.char.startswith(names[host].astype(str), _CALLER_PREFIXES)]
+    callers = callers[np.argsort(ts[callers], kind="stable")]
+    outer: list[int] = []
+    for c in callers.tolist():  # the outermost call only (c10d ops nest record_param_comms & co)
+        if not outer or ts[c] >= end[outer[-1]] or lane[c] != lane[outer[-1]]:
+            outer.append(c)
+    rows = rows[np.argsort(ts[rows], kind="stable")]
+    last_on_thread: dict[int, int] = {}
+    next_caller = 0
+    for r in rows.tolist():
+        graph.add(2 * r, 2 * r + 1, "collective", r)
+        before = last_on_thread.get(int(lane[r]))
+        caller = None
+        if next_caller < len(outer) and ts[outer[next_caller]] <= ts[r]:
+            caller = outer[next_caller]
+            next_caller += 1
+        if caller is not None and (before is None or end[before] < ts[caller]):
+            graph.add(2 * caller, 2 * r, "enqueue", caller)
+        elif before is not None:
+            graph.add(2 * before + 1, 2 * r, "enqueue", before)
+            if caller is not None:
+                graph.add(2 * caller, 2 * r, "launch order", -1, work=False)
+        last_on_thread[int(lane[r])] = r
+        if caller is not None:
+            _add_resume_edge(graph, r, host[lane[host] == lane[caller]])
+
+
+def _add_resume_edge(graph: Graph, r: int, thread_rows: np.ndarray) -> None:
+    ts, end = graph.node_ts[0::2], graph.node_ts[1::2]
+    done = end[r]
+    if ((ts[thread_rows] < done) & (end[thread_rows] > done)).any():
+        return  # the thread was busy when the collective ended: it did not wait for it
+    after = thread_rows[ts[thread_rows] >= done]
+    if len(after):
+        first = after[np.argmin(ts[after])]
+        if ts[first] - done <= RESUME_US:
+            graph.add(2 * r + 1, 2 * first, "sync", -1, work=False)
 
 
 def _add_host_edges(graph: Graph, rows: np.ndarray) -> None:

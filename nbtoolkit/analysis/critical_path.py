@@ -5,8 +5,9 @@ Algorithm (the graph rules are in :mod:`nbtoolkit.analysis._cp_graph`):
 1. The iteration is a ProfilerStep (``step=N``) or the ``instance``-th host annotation whose
    name contains ``annotation`` (HolisticTraceAnalysis's way to pick a window). Its events
    are the host ops and runtime calls (``cpu_op``, ``cuda_runtime``, ``cuda_driver``) that
-   start inside it and last longer than 0, and the device events launched by them (same
-   correlation; every kernel of a ``cudaGraphLaunch`` shares the launch's correlation).
+   start inside it and last longer than 0, the collectives a backend ran on its own threads
+   (gloo's ``gloo:*`` ops), and the device events launched by them (same correlation; every
+   kernel of a ``cudaGraphLaunch`` shares the launch's correlation).
 2. A dependency graph over their start and end points: nesting and order of ops on each host
    thread, launch -> kernel, stream order, host syncs waiting for kernels, kernels waiting
    for events recorded on other streams (how a compute stream waits for an NCCL stream).
@@ -17,13 +18,18 @@ Algorithm (the graph rules are in :mod:`nbtoolkit.analysis._cp_graph`):
    before and after it, the step's span is filled with gaps. So the ``segments`` add up to
    the iteration's span: ``max(step end, end of the last device event it launched) - start``.
 
-Segment kinds: ``cpu`` (host op time), ``kernel``, ``memory`` (memcpy/memset), ``collective``
-(NCCL/RCCL/HCCL kernels; on a CPU trace the gloo/c10d host ops: their time includes waiting
-for the slowest peer), ``allocator`` (cudaMalloc/cudaFree called by the caching allocator on
-the host), ``launch delay`` (from a launch call until its kernel starts on an idle
-stream), ``gpu idle`` (a gap between kernels on a stream on the path), ``sync wait`` (the host
-blocked in a sync call or copy, waiting for the device), ``host gap`` (time on the host between
-two top-level ops that no op covers: Python, the data loader, the profiler).
+Segment kinds:
+
+- ``cpu``: host op time; ``allocator``: cudaMalloc/cudaFree called by the caching allocator;
+- ``kernel``, ``memory`` (memcpy/memset), ``collective`` (NCCL/RCCL/HCCL kernels; on a CPU
+  trace the gloo ops a backend thread runs: their time includes waiting for the slowest peer);
+- ``collective queue``: a gloo collective waiting to start behind its caller or the backend
+  thread's previous collective;
+- ``launch delay``: from a launch call until its kernel starts on an idle stream;
+- ``gpu idle``: a gap between kernels on a stream;
+- ``sync wait``: the host blocked in a sync call or copy, waiting for the device;
+- ``host gap``: host time between two top-level ops that no op covers (Python, the data
+  loader, the profiler, a sleep).
 
 Shortening a segment by ``x`` shortens the step by at most ``x``: once the path is shorter
 than another chain, that chain bounds the step. ``opportunities`` groups the path's work by
@@ -39,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.analysis._cp_graph import build_graph, longest_path
+from nbtoolkit.analysis._cp_graph import BACKEND_PREFIXES, build_graph, longest_path
 from nbtoolkit.analysis._kernels import COMMUNICATION, MEMORY, kernel_types
 from nbtoolkit.analysis.overlap import COMM_PREFIXES
 from nbtoolkit.errors import TraceError
@@ -57,8 +63,9 @@ _NODE_CATS = ("cpu_op", "cuda_runtime", "cuda_driver")
 _ALLOCATOR_CALLS = frozenset(
     {"cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost", "hipMalloc", "hipFree"}
 )
-_EDGE_KIND = {"cpu": "cpu", "wait": "sync wait", "host gap": "host gap", "launch": "launch delay",
-              "stream": "gpu idle", "sync": "sync wait", "launch order": "sync wait"}
+_EDGE_KIND = {"cpu": "cpu", "collective": "collective", "enqueue": "collective queue", "wait": "sync wait",
+              "host gap": "host gap", "launch": "launch delay", "stream": "gpu idle", "sync": "sync wait",
+              "launch order": "sync wait"}
 _ADVICE = {
     "kernel": "GPU kernel {name} takes {pct} of the step on the critical path: a faster kernel "
               "(fusion with torch.compile, a better dtype or layout, a larger tile) shortens the step",
@@ -71,6 +78,8 @@ _ADVICE = {
     "allocator": "the caching allocator called {name} on the critical path for {pct} of the step: "
                  "measure after warm-up steps, keep tensor sizes stable, or set "
                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "collective queue": "collectives waited {pct} of the step to start on the backend's thread "
+                        "({name}): fewer, larger buckets, or overlap them with compute",
     "launch delay": "kernel launches ({name}) take {pct} of the step: the stream sat idle while the "
                     "host launched; launch fewer, larger kernels (fusion, CUDA graphs)",
     "gpu idle": "gaps between kernels on {name} take {pct} of the step: the device waited for "
@@ -174,7 +183,10 @@ def _select(frame: pd.DataFrame, start: float, stop: float) -> pd.DataFrame:
     dur = frame["dur"].to_numpy()
     stream = frame["stream"].to_numpy()
     corr = frame["correlation"].to_numpy()
-    host = (stream < 0) & frame["cat"].isin(_NODE_CATS).to_numpy() & (ts >= start) & (ts <= stop) & (dur > 0)
+    names = frame["name"]
+    backend = np.array([str(c).startswith(BACKEND_PREFIXES) for c in names.cat.categories] + [False])
+    is_node = frame["cat"].isin(_NODE_CATS).to_numpy() | backend[names.cat.codes.to_numpy()]
+    host = (stream < 0) & is_node & (ts >= start) & (ts <= stop) & (dur > 0)
     launched = np.unique(corr[host & (corr >= 0)])
     annotation = (frame["cat"] == "gpu_user_annotation").to_numpy()
     device = (stream >= 0) & (corr >= 0) & np.isin(corr, launched) & ~annotation
