@@ -51,6 +51,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "RankMemory": "nbtoolkit.model.rank_memory",
     "RecomputeConfig": "nbtoolkit.optimizations.config",
     "RecomputePlan": "nbtoolkit.model.plan",
+    "Roofline": "nbtoolkit.model.roofline",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
     "capture_graphs": "nbtoolkit.capture.graphs",
@@ -72,6 +73,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "plan_recompute": "nbtoolkit.optimizations.recompute",
     "profile": "nbtoolkit.capture.profiler",
     "report": "nbtoolkit.views.report",
+    "roofline": "nbtoolkit.analysis.roofline",
     "step_metrics": "nbtoolkit.capture.step_metrics",
     "stragglers": "nbtoolkit.analysis.stragglers",
     "temporal_breakdown": "nbtoolkit.analysis.breakdown",
@@ -153,6 +155,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.critical_path import critical_path
     from nbtoolkit.analysis.diff import compare
     from nbtoolkit.analysis.overlap import comm_comp_overlap
+    from nbtoolkit.analysis.roofline import roofline
     from nbtoolkit.analysis.stragglers import stragglers
     from nbtoolkit.capture.graphs import capture_graphs
     from nbtoolkit.capture.memory import memory_timeline
@@ -171,6 +174,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan
     from nbtoolkit.model.rank_memory import RankMemory
+    from nbtoolkit.model.roofline import Roofline
     from nbtoolkit.model.snapshot import MemorySnapshot
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.optimizations.apply import optimize

@@ -8,7 +8,8 @@ trace file (``trace.info[rank].source``) in one extra pass:
   ``Event Sync``): ``correlation`` (of the runtime call), ``wait_record_correlation`` (the
   correlation of the ``cudaEventRecord`` call it waits on) and ``wait_stream``;
 - ``shapes``: one row per host operator recorded with ``record_shapes=True``: ``ts``, ``name``,
-  ``external_id``, ``input_dims`` (list of shapes, one per input) and ``input_types``.
+  ``external_id``, ``input_dims`` (list of shapes, one per input), ``input_types`` and
+  ``concrete`` (the scalar arguments' values as text, where torch recorded them).
 
 Registered as the provider ``"Trace.event_args"``, so the analysis layer can ask for them
 without importing io. A trace with no file behind it (built in memory) gives empty frames.
@@ -41,6 +42,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     wait_stream: int = msgspec.field(default=-1, name="wait_on_stream")
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_types: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
 
 
 _NO_ARGS = _Args()
@@ -112,6 +114,7 @@ def _frames(events: list[_Event]) -> EventArgs:
                 "external_id": pd.Series([e.args.external_id for e in shapes], dtype="int64"),
                 "input_dims": pd.Series([e.args.input_dims for e in shapes], dtype="object"),
                 "input_types": pd.Series([e.args.input_types or [] for e in shapes], dtype="object"),
+                "concrete": pd.Series([e.args.concrete or [] for e in shapes], dtype="object"),
             }
         ),
     )
