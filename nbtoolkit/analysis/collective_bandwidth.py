@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbtoolkit.model._providers import provided
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -33,7 +35,8 @@ COLLECTIVE_COLUMNS = ("rank", "collective", "group_size", "dtype", "size_bytes",
                       "median_us", "algbw_gbps", "busbw_gbps")
 _DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8,
                 "float64": 8, "long": 8, "int64": 8, "int": 4, "int32": 4, "byte": 1, "char": 1,
-                "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+                "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+                "float32 (assumed)": 4}
 
 
 def normalize_collective(name: str) -> str:
@@ -88,38 +91,73 @@ def _calls(trace: Trace, rank: int) -> pd.DataFrame:
     """The rank's collectives with metadata: collective, group_size, dtype, size_bytes, dur (µs)."""
     import pandas as pd
 
-    meta = trace.collectives.get(rank)
     frame = trace.rank_events(rank)
-    if meta is None or not len(meta):
-        return pd.DataFrame(columns=["collective", "group_size", "dtype", "size_bytes", "dur"])
-    meta = meta.dropna(subset=["collective"])
-    rows = meta["row"].to_numpy()
-    on_device = frame["stream"].to_numpy()[rows] >= 0
-    if on_device.any():  # the kernels' time; the host op only enqueued them
-        meta, durs = meta[on_device], frame["dur"].to_numpy()[rows[on_device]]
-    else:
-        meta, durs = _paired_backend_times(frame, meta)
-    elems = np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
-                       meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy())
-    dtypes = meta["dtype"].fillna("").astype(str)
-    width = np.array([_DTYPE_BYTES.get(d.lower().removeprefix("torch."), 0) for d in dtypes])
     world = trace.info[rank].world_size or 1
-    out = pd.DataFrame({
-        "collective": [normalize_collective(str(c)) for c in meta["collective"]],
-        "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
-        "dtype": dtypes.to_numpy(),
-        "size_bytes": elems * width,
-        "dur": durs,
-    })
+    meta = trace.collectives.get(rank)
+    meta = meta.dropna(subset=["collective"]) if meta is not None and len(meta) else None
+    if meta is not None and (frame["stream"].to_numpy()[meta["row"].to_numpy()] >= 0).any():
+        meta = meta[frame["stream"].to_numpy()[meta["row"].to_numpy()] >= 0]  # the kernels: their time
+        calls = pd.DataFrame({
+            "collective": [normalize_collective(str(c)) for c in meta["collective"]],
+            "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
+            "dtype": meta["dtype"].fillna("").astype(str).to_numpy(),
+            "elements": np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
+                                   meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy()),
+            "dur": frame["dur"].to_numpy()[meta["row"].to_numpy()],
+        })
+    else:
+        calls = _backend_calls(trace, rank, frame, meta, world)
+    width = np.array([_DTYPE_BYTES.get(d.lower().removeprefix("torch.").removeprefix("c10::"), 0)
+                      for d in calls["dtype"]], dtype="int64")
+    out = calls.assign(size_bytes=calls["elements"].to_numpy(dtype="int64") * width)
     return out[(out["collective"] != "barrier") & (out["size_bytes"] > 0)]
 
 
-def _paired_backend_times(frame: pd.DataFrame, meta: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """gloo: the i-th call with metadata ran as the i-th ``gloo:`` op on a backend thread."""
+def _backend_calls(trace: Trace, rank: int, frame: pd.DataFrame, meta: pd.DataFrame | None,
+                   world: int) -> pd.DataFrame:
+    """gloo: the i-th host call of a collective ran as the i-th ``gloo:`` op of that collective.
+
+    The call's size comes from its collective metadata when the trace has it, else from the
+    shapes recorded for ``c10d::`` ops (``record_shapes=True``): a TensorList's dims with no
+    dtype, so float32 (DDP's gradient buckets) is assumed; the ``dtype`` column says so.
+    """
+    import pandas as pd
+
+    columns = ["collective", "group_size", "dtype", "elements", "ts"]
+    if meta is not None and len(meta):
+        calls = pd.DataFrame({
+            "collective": [normalize_collective(str(c)) for c in meta["collective"]],
+            "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
+            "dtype": meta["dtype"].fillna("").astype(str).to_numpy(),
+            "elements": np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
+                                   meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy()),
+            "ts": frame["ts"].to_numpy()[meta["row"].to_numpy()],
+        }).drop_duplicates(subset=["ts", "collective"])
+    else:
+        shapes = provided("Trace.event_args")(trace, rank).shapes
+        shapes = shapes[shapes["name"].astype(str).str.startswith("c10d::")]
+        calls = pd.DataFrame([
+            (normalize_collective(str(n).removeprefix("c10d::").rstrip("_")), world, "float32 (assumed)",
+             _list_elements(dims), float(t))
+            for n, dims, t in zip(shapes["name"], shapes["input_dims"], shapes["ts"], strict=True)
+        ], columns=columns)
     names = frame["name"].astype(str)
     backend = frame[names.str.startswith("gloo:").to_numpy()].sort_values("ts", kind="stable")
-    # one metadata row per call: the outermost host op carrying it (record_param_comms nests)
-    calls = meta.assign(ts=frame["ts"].to_numpy()[meta["row"].to_numpy()]).sort_values("ts", kind="stable")
-    calls = calls.drop_duplicates(subset=["ts", "collective"], keep="first")
-    n = min(len(calls), len(backend))
-    return calls.iloc[:n], backend["dur"].to_numpy()[:n]
+    kinds = [normalize_collective(n.removeprefix("gloo:")) for n in backend["name"].astype(str)]
+    backend_kind = np.array(kinds)
+    parts = []
+    for kind, group in calls.sort_values("ts", kind="stable").groupby("collective", sort=False):
+        runs = backend["dur"].to_numpy()[backend_kind == kind]
+        n = min(len(group), len(runs))
+        parts.append(group.iloc[:n].assign(dur=runs[:n]))
+    if not parts:
+        return pd.DataFrame(columns=[*columns, "dur"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _list_elements(dims: object) -> int:
+    """Elements of the first input of a c10d op: a tensor's dims or a TensorList's list of them."""
+    first = dims[0] if isinstance(dims, list) and dims else []
+    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
+        return int(sum(int(np.prod(d)) if d else 1 for d in first))
+    return int(np.prod(first)) if isinstance(first, list) and first else 0

@@ -7,7 +7,8 @@ scalar), ``Input type`` (``float``, ``c10::BFloat16``, ``Scalar`` ...) and, in r
 ==============  =====================================================================
 class           FLOPs (one multiply-add = 2 FLOPs)
 ==============  =====================================================================
-GEMM            ``mm`` [M,K]x[K,N]: 2MKN; ``addmm``: 2MKN + MN; ``bmm``/``baddbmm``
+GEMM            ``mm`` and ``addmm`` [M,K]x[K,N]: 2MKN (the bias add not counted, as in
+                torch's FLOP counter); ``bmm``/``baddbmm``
                 [B,M,K]x[B,K,N]: 2BMKN; ``linear``/``matmul``: 2 x (rows of x) x K x N
 conv            2 x N x K x prod(out spatial) x (C / groups) x prod(kernel); the output
                 size from stride, padding and dilation when recorded (else stride 1,
@@ -146,8 +147,7 @@ def _gemm(name: str, shapes: list[list[int]]) -> tuple[float, float | None]:
     a, b = mats[0], mats[1]
     batch = math.prod(a[:-2]) if len(a) > 2 else 1
     m, k, n = a[-2], a[-1], b[-1]
-    extra = m * n * batch if name in ("aten::addmm", "aten::baddbmm") else 0
-    return 2.0 * batch * m * k * n + extra, float(batch * m * n)
+    return 2.0 * batch * m * k * n, float(batch * m * n)  # the bias add is not counted (as torch's counter)
 
 
 def _conv(name: str, shapes: list[list[int]], concrete: list[Any]) -> tuple[float, float | None]:

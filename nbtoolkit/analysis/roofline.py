@@ -8,8 +8,9 @@ Definitions:
   step), ``flop_check`` compares those FLOPs with the counter's per aten op, and ops the
   shapes cannot cost take the counter's FLOPs per call.
 - **Time of an op**: on a GPU, the summed duration of the kernels it launched (kernels carry
-  the launching op's ``External id``); on a CPU, the op's own duration, for leaf ops (ops
-  with no recorded op inside).
+  the launching op's ``External id``); on a CPU, the op's duration, counting only the
+  innermost op of a class (``addmm``, not the ``linear`` around it); an op's time includes
+  the small ops of other classes inside it (an ``addmm``'s ``copy_``).
 - **Achieved rate**: FLOPs / time and bytes / time. **Arithmetic intensity**: FLOPs / byte.
 - **Roofs**: the dense peak FLOP/s of the op's precision (:mod:`nbtoolkit.analysis.device_peaks`;
   an FP32 op whose kernel names say ``tf32`` uses the TF32 peak) and the DRAM bandwidth
@@ -173,10 +174,26 @@ def _timed(ops: pd.DataFrame, frame: pd.DataFrame, *, on_gpu: bool) -> pd.DataFr
         uses_tf32 = ops["external_id"].map(tf32).fillna(False).astype(bool).to_numpy()
         ops.loc[uses_tf32 & (ops["precision"] == "fp32").to_numpy(), "precision"] = "tf32"
         return ops[ops["time_us"] > 0].reset_index(drop=True)
-    from nbtoolkit.analysis._intervals import self_times
+    keep = _innermost_of_class(ops) & (ops["dur"].to_numpy() > 0)
+    return ops[keep].assign(time_us=lambda f: f["dur"]).reset_index(drop=True)
 
-    leaf = np.isclose(self_times(ops), ops["dur"].to_numpy())
-    return ops[leaf & (ops["dur"].to_numpy() > 0)].assign(time_us=lambda f: f["dur"]).reset_index(drop=True)
+
+def _innermost_of_class(ops: pd.DataFrame) -> np.ndarray:
+    """False for an op that has an op of its own class inside it on its thread (``linear`` around
+    ``addmm``, ``relu`` around ``clamp_min``): the inner one is the op; counting both counts twice."""
+    keep = np.ones(len(ops), dtype=bool)
+    ts = ops["ts"].to_numpy(dtype=float)
+    end = ts + ops["dur"].to_numpy(dtype=float)
+    for _, group in ops.groupby(["op_class", "pid", "tid"], sort=False):
+        rows = group.index.to_numpy()
+        stack: list[int] = []
+        for i in rows[np.lexsort((-(end[rows] - ts[rows]), ts[rows]))].tolist():
+            while stack and end[stack[-1]] <= ts[i]:
+                stack.pop()
+            if stack:
+                keep[stack[-1]] = False
+            stack.append(i)
+    return keep
 
 
 def _modules(frame: pd.DataFrame, ops: pd.DataFrame, window: tuple[float, float]) -> list[str]:

@@ -68,7 +68,8 @@ class Roofline(Result):
     def _text(self) -> str:
         lines = [self._headline()]
         if len(self.by_class):
-            lines.append("By op class (device time, achieved rate, bound, share of the roof):")
+            lines.append("By op class (kernel time, or host time on a CPU; achieved rate; bound; "
+                         "share of the roof):")
             lines += self._class_lines()
         if len(self.collectives):
             lines.append("Collectives (median call; bandwidth in GB/s):")
