@@ -110,8 +110,10 @@ _PROVIDER_MODULES = (
     "nbtoolkit.analysis.memory",
     "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
+    "nbtoolkit.views.critical_path",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",
+    "nbtoolkit.views.roofline",
 )
 
 

@@ -56,6 +56,10 @@ class CriticalPath(Result):
         table["share_pct"] = 100.0 * table["dur_us"] / self.span_us if self.span_us else 0.0
         return table.sort_values("dur_us", ascending=False, ignore_index=True)
 
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """The result's tables by name, to save or export (``segments``, ``opportunities``, ``by_kind``)."""
+        return {"segments": self.segments, "opportunities": self.opportunities, "by_kind": self.by_kind()}
+
     def figure(self, trace: Any) -> Any:
         """The path drawn over the rank's timeline lanes (plotly); needs the Trace it came from."""
         return provided("CriticalPath.figure")(self, trace)

@@ -48,6 +48,14 @@ class Roofline(Result):
     sources: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """The result's tables by name, to save or export."""
+        tables = {"ops": self.ops, "by_class": self.by_class, "by_module": self.by_module,
+                  "collectives": self.collectives}
+        if self.flop_check is not None:
+            tables["flop_check"] = self.flop_check
+        return tables
+
     def figure(self) -> Any:
         """The roofline chart (plotly): one point per op class, the roofs of each precision."""
         return provided("Roofline.figure")(self)
