@@ -75,6 +75,9 @@ _ADVICE = {
                   "with compute (bucketing, async ops), send less, or fix a slower rank it waits for",
     "cpu": "host op {name} takes {pct} of the step on the critical path: the device waits for the "
            "host; cut Python and dispatch overhead (torch.compile, CUDA graphs, fewer small ops)",
+    "cpu-only": "op {name} takes {pct} of the step on the critical path (the step runs on the CPU): "
+                "make it cheaper or do less of it (torch.compile fuses small ops; larger ops amortise "
+                "per-op overhead)",
     "allocator": "the caching allocator called {name} on the critical path for {pct} of the step: "
                  "measure after warm-up steps, keep tensor sizes stable, or set "
                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -139,7 +142,8 @@ def critical_path(
         length_us=float(sum(graph.weight[e] for e in path)),
         start_us=start,
         segments=segments,
-        opportunities=_opportunities(segments, span_end - start),
+        opportunities=_opportunities(segments, span_end - start,
+                                     on_device=bool((selected["stream"].to_numpy() >= 0).any())),
         events=rows,
         notes=notes,
     )
@@ -246,7 +250,7 @@ def _segments(graph, path: list[int], start: float, span_end: float) -> pd.DataF
     return frame[list(SEGMENT_COLUMNS)]
 
 
-def _opportunities(segments: pd.DataFrame, span: float) -> pd.DataFrame:
+def _opportunities(segments: pd.DataFrame, span: float, *, on_device: bool) -> pd.DataFrame:
     """The path's time grouped by (kind, name), largest first, each with its advice in words."""
     grouped = (
         segments.groupby(["kind", "name"], as_index=False, observed=True)
@@ -256,7 +260,7 @@ def _opportunities(segments: pd.DataFrame, span: float) -> pd.DataFrame:
     grouped = grouped[grouped["dur_us"] > 0].reset_index(drop=True)
     grouped["share_pct"] = 100.0 * grouped["dur_us"] / span if span > 0 else 0.0
     grouped["advice"] = [
-        _ADVICE[k].format(name=_short(n), pct=f"{p:.1f} %")
+        _ADVICE["cpu-only" if k == "cpu" and not on_device else k].format(name=_short(n), pct=f"{p:.1f} %")
         for k, n, p in zip(grouped["kind"], grouped["name"], grouped["share_pct"], strict=True)
     ]
     return grouped[["kind", "name", "dur_us", "share_pct", "segments", "advice"]]

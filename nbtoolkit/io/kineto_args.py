@@ -12,12 +12,14 @@ trace file (``trace.info[rank].source``) in one extra pass:
   ``concrete`` (the scalar arguments' values as text, where torch recorded them).
 
 Registered as the provider ``"Trace.event_args"``, so the analysis layer can ask for them
-without importing io. A trace with no file behind it (built in memory) gives empty frames.
+without importing io. ``nbt.profile`` reads them before it removes its temporary file
+(:func:`attach_event_args`); a trace with no file behind it otherwise gives empty frames.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +34,10 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["EventArgs", "event_args"]
+__all__ = ["EventArgs", "attach_event_args", "event_args"]
+
+# Traces whose files are gone (nbt.profile's temporary file): their extras, read while it existed.
+_ATTACHED: weakref.WeakKeyDictionary[Trace, dict[int, EventArgs]] = weakref.WeakKeyDictionary()
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -74,11 +79,19 @@ class EventArgs:
 @provides("Trace.event_args")
 def event_args(trace: Trace, rank: int) -> EventArgs:
     """The extra arguments of one rank, read from its trace file (empty when there is none)."""
+    attached = _ATTACHED.get(trace)
+    if attached is not None and rank in attached:
+        return attached[rank]
     source = trace.info[rank].source if rank in trace.info else ""
     path = Path(source) if source else None
     if path is None or not path.is_file():
         return _frames([])
     return _read(str(path), path.stat().st_mtime_ns)
+
+
+def attach_event_args(trace: Trace) -> None:
+    """Read the extras of every rank now and keep them with ``trace`` (its files are about to go)."""
+    _ATTACHED[trace] = {rank: event_args(trace, rank) for rank in trace.ranks}
 
 
 @lru_cache(maxsize=8)  # a notebook asks for the same rank's file again and again
