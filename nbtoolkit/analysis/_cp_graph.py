@@ -23,7 +23,10 @@ edge kind           from -> to                                                  
                     for it (per stream for Stream Sync, all streams for
                     Context Sync, the event's kernel for Event Sync); kernel
                     before a cudaEventRecord -> the next kernel launched on a
-                    stream that waits for that event (Stream Wait Event)
+                    stream that waits for that event (Stream Wait Event);
+                    in a trace with no CUDA sync events, an *inferred* wait:
+                    see ``_inferred_wait`` (the launch or stream gap it
+                    replaces then weighs 0)
 ``collective``      a host-side collective run by a backend thread (gloo's     time
                     ``gloo:*`` ops): start -> end
 ``enqueue``         the collective call on the caller's thread (``c10d::*``)   time
@@ -40,7 +43,10 @@ HolisticTraceAnalysis's critical path (HTA 0.5, with its zero-weight launch edge
 which nbtoolkit's result is tested to agree, with one difference: every device event that
 shares a launch's correlation is linked to it, so the kernels of a ``cudaGraphLaunch`` (all
 of which carry the launch's correlation) are on the graph; HTA links one event per
-correlation and leaves the others out.
+correlation and leaves the others out. Two more additions apply where HTA has nothing to
+say: device work launched before the window but still running in it is on the graph (from
+the window's start), so a kernel queued behind the previous step's work is not counted as
+a launch delay; and in a trace without CUDA sync events, cross-stream waits are inferred.
 
 The longest path is found by dynamic programming over a topological order (Kahn's
 algorithm): ``best[v] = max(best[u] + w(u, v))`` over the edges into ``v``, 0 for a node
@@ -231,6 +237,7 @@ def _add_device_edges(graph: Graph, wait_args: pd.DataFrame | None) -> None:
     launches.sort()
     state = _DeviceState(launches=launches, waits=_wait_table(wait_args), runtime_of=runtime_of)
     last, gpu_wait = state.last, state.gpu_wait
+    infer = not is_sync.any()  # no CUDA sync events recorded: cross-stream waits are inferred
     for d in device.tolist():
         runtime = runtime_of.get(int(corr[d]))
         if is_sync[d]:
@@ -239,19 +246,47 @@ def _add_device_edges(graph: Graph, wait_args: pd.DataFrame | None) -> None:
         graph.add(2 * d, 2 * d + 1, "kernel", d)
         before = last.get(int(stream[d]))
         waited = gpu_wait.pop(d, None)
+        if waited is None and infer:
+            waited = _inferred_wait(d, stream=int(stream[d]), before=before, runtime=runtime, ts=ts,
+                                    end=end, last=last)
+            inferred = waited is not None
+        else:
+            inferred = False
         if waited is not None:
             graph.add(2 * waited + 1, 2 * d, "sync", -1, work=False)
         launched = False
         if runtime is not None and (before is None or end[before] < ts[runtime]) and (
             waited is None or end[waited] < ts[runtime]
         ):
-            graph.add(2 * runtime, 2 * d, "launch", runtime)
+            # an inferred wait means the delay was waiting, not launching: no work on this edge
+            graph.add(2 * runtime, 2 * d, "launch", runtime, work=not inferred)
             launched = True
-        elif before is not None and (waited is None or end[waited] < end[before]):
-            graph.add(2 * before + 1, 2 * d, "stream", before)
+        elif before is not None and (waited is None or end[waited] < end[before] or inferred):
+            graph.add(2 * before + 1, 2 * d, "stream", before, work=not inferred)
         if runtime is not None and not launched:
             graph.add(2 * runtime, 2 * d, "launch order", -1, work=False)
         last[int(stream[d])] = d
+
+
+WAIT_MATCH_US = 5.0  # a kernel starting this soon after another stream's kernel ended waited for it
+
+
+def _inferred_wait(d: int, *, stream: int, before: int | None, runtime: int | None, ts: np.ndarray,
+                   end: np.ndarray, last: dict[int, int]) -> int | None:
+    """Without recorded CUDA events: the kernel of another stream that ``d`` evidently waited for.
+
+    ``d`` started later than both its launch and its stream's previous kernel allowed (by more
+    than ``WAIT_MATCH_US``), and within ``WAIT_MATCH_US`` of the end of a kernel on another stream:
+    the pattern of a cross-stream event wait (a compute stream waiting for an NCCL stream, or the
+    reverse). Without it, the wait would be counted as launch delay or idle time.
+    """
+    ready = max(end[before] if before is not None else -np.inf,
+                ts[runtime] if runtime is not None else -np.inf)
+    if ts[d] - ready <= WAIT_MATCH_US:
+        return None
+    # within WAIT_MATCH_US either side: device clocks of two streams disagree by a few µs
+    candidates = [k for s, k in last.items() if s != stream and abs(ts[d] - end[k]) <= WAIT_MATCH_US]
+    return max(candidates, key=lambda k: end[k]) if candidates else None
 
 
 def _wait_table(wait_args: pd.DataFrame | None) -> dict[int, tuple[int, int]]:

@@ -85,8 +85,9 @@ _ADVICE = {
                         "({name}): fewer, larger buckets, or overlap them with compute",
     "launch delay": "kernel launches ({name}) take {pct} of the step: the stream sat idle while the "
                     "host launched; launch fewer, larger kernels (fusion, CUDA graphs)",
-    "gpu idle": "gaps between kernels on {name} take {pct} of the step: the device waited for "
-                "its next kernel; fuse kernels or capture them in a CUDA graph",
+    "gpu idle": "gaps between kernels on {name} take {pct} of the step: the stream waited for its "
+                "next kernel (launched late, or held by an event of another stream or a collective "
+                "the trace does not record); many short gaps: fuse kernels or use CUDA graphs",
     "sync wait": "the host waited for the device ({name}) during {pct} of the step: remove the "
                  "synchronisation (.item(), .cpu(), printing a tensor) or move it out of the step",
     "host gap": "the host ran unprofiled code between ops during {pct} of the step: Python, "
@@ -193,10 +194,14 @@ def _select(frame: pd.DataFrame, start: float, stop: float) -> pd.DataFrame:
     host = (stream < 0) & is_node & (ts >= start) & (ts <= stop) & (dur > 0)
     launched = np.unique(corr[host & (corr >= 0)])
     annotation = (frame["cat"] == "gpu_user_annotation").to_numpy()
-    device = (stream >= 0) & (corr >= 0) & np.isin(corr, launched) & ~annotation
-    rows = np.flatnonzero(host | device)
+    on_device = (stream >= 0) & (corr >= 0) & ~annotation
+    device = on_device & np.isin(corr, launched)
+    # launched before the window, running (or queued to run) in it: the streams are busy with it
+    backlog = on_device & ~device & (ts < stop) & (ts + dur > start)
+    rows = np.flatnonzero(host | device | backlog)
     selected = frame.iloc[rows].reset_index(drop=True)
-    return selected.assign(end=ts[rows] + dur[rows], row=rows)
+    begin = np.where(backlog[rows], np.maximum(ts[rows], start), ts[rows])  # only its part in the window
+    return selected.assign(ts=begin, dur=ts[rows] + dur[rows] - begin, end=ts[rows] + dur[rows], row=rows)
 
 
 def _kind(graph_kind: str, row: int, events: pd.DataFrame, ktypes: np.ndarray, is_comm: np.ndarray) -> str:

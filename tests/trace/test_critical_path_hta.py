@@ -23,7 +23,8 @@ import nbtoolkit as nbt
 
 # HTA's pandas-2 idioms warn under pandas 3 (and some of its in-place fillna calls do nothing
 # there; none changes which events are on its path on these traces, as the equality shows).
-pytestmark = pytest.mark.filterwarnings("ignore::Warning:hta")
+pytestmark = [pytest.mark.filterwarnings("ignore::Warning:hta"),
+              pytest.mark.filterwarnings("ignore:The inplace keyword")]
 
 ALEXNET_WINDOW = "[param|pytorch.model.alex_net|0|0|0|measure|forward]"  # the window HTA's test uses
 
