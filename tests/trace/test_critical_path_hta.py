@@ -141,3 +141,26 @@ def test_segments_tile_the_step(real_data, name):
         assert (seg["work_us"] <= seg["dur_us"] + 1e-6).all()
         assert path.opportunities["dur_us"].is_monotonic_decreasing
         assert path.opportunities["advice"].str.len().gt(20).all()
+
+
+@pytest.mark.parametrize(
+    "name", ["tracelens_mi300_rccl_r0", "hta_negative_queue_16rank_r0", "tracelens_h100_bert"]
+)
+def test_launch_delays_are_launches_onto_idle_streams(real_data, name):
+    """A launch delay on the path is a kernel launched onto a stream with nothing running or queued.
+
+    Work launched before the step but still running in it is on the graph, so a kernel queued
+    behind it is never counted as a launch delay.
+    """
+    trace = nbt.load_trace(real_data(f"traces/{name}"))
+    frame = trace.rank_events(trace.ranks[0])
+    device = frame[frame["stream"].to_numpy() >= 0]
+    path = nbt.critical_path(trace)
+    seg = path.segments.reset_index(drop=True)
+    delays = seg.index[seg["kind"] == "launch delay"]
+    for i in delays:
+        kernel = seg.iloc[i + 1]
+        on_stream = device[(device["stream"] == kernel["stream"]).to_numpy()]
+        launched_at = seg["start_us"].iat[i]
+        busy = (on_stream["ts"] < launched_at) & (on_stream["ts"] + on_stream["dur"] > launched_at)
+        assert not busy.any(), (name, seg.iloc[i : i + 2])
