@@ -225,3 +225,14 @@ def test_gloo_collective_bandwidth(gloo_shapes_folder):
         assert reduce["calls"].sum() >= 3  # at least one bucket per profiled step
         np.testing.assert_allclose(reduce["algbw_gbps"], reduce["size_bytes"] / (reduce["median_us"] * 1e3))
         np.testing.assert_allclose(reduce["busbw_gbps"], reduce["algbw_gbps"])  # n = 2: factor 1
+
+
+def test_a_trace_profiled_in_this_process_keeps_its_shapes():
+    """nbt.profile's temporary file is gone after loading; the shapes were read before it went."""
+    a = torch.randn(48, 64)
+    b = torch.randn(64, 32)
+    trace = nbt.profile(lambda: a @ b, steps=2, warmup=1, record_shapes=True)
+    roof = nbt.roofline(trace)
+    gemm = roof.ops[roof.ops["op_class"] == "GEMM"]
+    assert len(gemm) >= 2  # one product per profiled step
+    assert (gemm["flops"] == 2 * 48 * 64 * 32).all()
