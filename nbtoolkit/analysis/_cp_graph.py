@@ -34,7 +34,8 @@ edge kind           from -> to                                                  
                     backend thread's previous op end -> its start when busy
 ``sync``            a backend op's end -> the caller thread's next op, when     0
                     that thread sat idle across the end and resumed within
-                    ``RESUME_US`` of it (it was waiting for the collective)
+                    ``RESUME_US`` or a quarter of the collective's duration
+                    of it, whichever is longer (a loaded host wakes late)
 ==================  ==========================================================  =============
 
 Waiting is not work: a path through a blocking sync call or a gap weighs nothing there, so
@@ -170,7 +171,7 @@ def _add_resume_edge(graph: Graph, r: int, thread_rows: np.ndarray) -> None:
     after = thread_rows[ts[thread_rows] >= done]
     if len(after):
         first = after[np.argmin(ts[after])]
-        if ts[first] - done <= RESUME_US:
+        if ts[first] - done <= max(RESUME_US, 0.25 * (end[r] - ts[r])):
             graph.add(2 * r + 1, 2 * first, "sync", -1, work=False)
 
 
