@@ -89,7 +89,6 @@ def collective_bandwidth(trace: Trace, rank: int | None = None) -> pd.DataFrame:
 
 def _calls(trace: Trace, rank: int) -> pd.DataFrame:
     """The rank's collectives with metadata: collective, group_size, dtype, size_bytes, dur (µs)."""
-    import pandas as pd
 
     frame = trace.rank_events(rank)
     world = trace.info[rank].world_size or 1
@@ -97,20 +96,26 @@ def _calls(trace: Trace, rank: int) -> pd.DataFrame:
     meta = meta.dropna(subset=["collective"]) if meta is not None and len(meta) else None
     if meta is not None and (frame["stream"].to_numpy()[meta["row"].to_numpy()] >= 0).any():
         meta = meta[frame["stream"].to_numpy()[meta["row"].to_numpy()] >= 0]  # the kernels: their time
-        calls = pd.DataFrame({
-            "collective": [normalize_collective(str(c)) for c in meta["collective"]],
-            "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
-            "dtype": meta["dtype"].fillna("").astype(str).to_numpy(),
-            "elements": np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
-                                   meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy()),
-            "dur": frame["dur"].to_numpy()[meta["row"].to_numpy()],
-        })
+        calls = _metadata_calls(meta, world).assign(dur=frame["dur"].to_numpy()[meta["row"].to_numpy()])
     else:
         calls = _backend_calls(trace, rank, frame, meta, world)
     width = np.array([_DTYPE_BYTES.get(d.lower().removeprefix("torch.").removeprefix("c10::"), 0)
                       for d in calls["dtype"]], dtype="int64")
     out = calls.assign(size_bytes=calls["elements"].to_numpy(dtype="int64") * width)
     return out[(out["collective"] != "barrier") & (out["size_bytes"] > 0)]
+
+
+def _metadata_calls(meta: pd.DataFrame, world: int) -> pd.DataFrame:
+    """collective, group_size, dtype, elements (the larger of in and out) of each metadata row."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "collective": [normalize_collective(str(c)) for c in meta["collective"]],
+        "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
+        "dtype": meta["dtype"].fillna("").astype(str).to_numpy(),
+        "elements": np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
+                               meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy()),
+    })
 
 
 def _backend_calls(trace: Trace, rank: int, frame: pd.DataFrame, meta: pd.DataFrame | None,
@@ -125,14 +130,8 @@ def _backend_calls(trace: Trace, rank: int, frame: pd.DataFrame, meta: pd.DataFr
 
     columns = ["collective", "group_size", "dtype", "elements", "ts"]
     if meta is not None and len(meta):
-        calls = pd.DataFrame({
-            "collective": [normalize_collective(str(c)) for c in meta["collective"]],
-            "group_size": meta["group_size"].fillna(world).astype("int64").to_numpy(),
-            "dtype": meta["dtype"].fillna("").astype(str).to_numpy(),
-            "elements": np.maximum(meta["in_msg_nelems"].fillna(0).astype("int64").to_numpy(),
-                                   meta["out_msg_nelems"].fillna(0).astype("int64").to_numpy()),
-            "ts": frame["ts"].to_numpy()[meta["row"].to_numpy()],
-        }).drop_duplicates(subset=["ts", "collective"])
+        calls = _metadata_calls(meta, world).assign(ts=frame["ts"].to_numpy()[meta["row"].to_numpy()])
+        calls = calls.drop_duplicates(subset=["ts", "collective"])
     else:
         shapes = provided("Trace.event_args")(trace, rank).shapes
         shapes = shapes[shapes["name"].astype(str).str.startswith("c10d::")]

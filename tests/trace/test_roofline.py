@@ -20,6 +20,7 @@ from nbtoolkit.analysis.device_bandwidth import lookup_bandwidth
 from nbtoolkit.analysis.device_peaks import lookup_peak
 from nbtoolkit.analysis.op_costs import op_class, op_cost
 from tests._python import run_python
+from tests.trace.conftest import CPU_STEP_SCRIPT
 
 
 def _counted(fn) -> int:
@@ -91,26 +92,14 @@ def test_device_tables():
     assert lookup_bandwidth("Some CPU") is None
 
 
-RECORD = textwrap.dedent(
+# The session's CPU training step (tests/trace/conftest.py), profiled with shapes, stacks and
+# torch's FLOP counter; the step metrics travel beside the trace in a pickle.
+RECORD = CPU_STEP_SCRIPT.replace(
+    "trace_path=trace_path)", "trace_path=trace_path, record_shapes=True, with_stack=True, metrics=True)"
+) + textwrap.dedent(
     """
-    import sys, torch, nbtoolkit as nbt
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
-    trace = nbt.profile(step, steps=3, warmup=1, trace_path=sys.argv[1], record_shapes=True,
-                        with_stack=True, metrics=True)
-    import pickle  # step metrics are not part of the trace file: they travel beside it
-    with open(sys.argv[2], "wb") as out:
+    import pickle
+    with open(saved_folder + "/metrics.pkl", "wb") as out:
         pickle.dump(trace.step_metrics, out)
     """
 )
@@ -121,9 +110,11 @@ def shaped_cpu_trace(tmp_path_factory):
     """A CPU MLP step profiled with shapes, stacks and torch's FLOP counter (metrics=True)."""
     import pickle
 
+    assert "record_shapes=True" in RECORD
     folder = tmp_path_factory.mktemp("roofline")
-    trace_file, metrics_file = folder / "step.json", folder / "metrics.pkl"
-    run_python("-c", RECORD, str(trace_file), str(metrics_file),
+    trace_file, saved = folder / "step.json", folder / "profiled"
+    metrics_file = saved / "metrics.pkl"
+    run_python("-c", RECORD, str(trace_file), str(saved),
                env={"OMP_NUM_THREADS": "1"})
     trace = nbt.load_trace(trace_file)
     trace.step_metrics = pickle.loads(Path(metrics_file).read_bytes())
