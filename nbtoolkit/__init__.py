@@ -58,6 +58,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
     "compare": "nbtoolkit.analysis.diff",
     "critical_path": "nbtoolkit.analysis.critical_path",
+    "critical_path_by_rank": "nbtoolkit.analysis.critical_path",
     "export_memory_snapshot": "nbtoolkit.io.snapshot_export",
     "idle_breakdown": "nbtoolkit.analysis.breakdown",
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
@@ -154,7 +155,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
-    from nbtoolkit.analysis.critical_path import critical_path
+    from nbtoolkit.analysis.critical_path import critical_path, critical_path_by_rank
     from nbtoolkit.analysis.diff import compare
     from nbtoolkit.analysis.overlap import comm_comp_overlap
     from nbtoolkit.analysis.roofline import roofline

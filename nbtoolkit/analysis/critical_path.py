@@ -57,8 +57,9 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["critical_path"]
+__all__ = ["critical_path", "critical_path_by_rank"]
 
+WHOLE_TRACE = "the whole trace"
 _NODE_CATS = ("cpu_op", "cuda_runtime", "cuda_driver")
 _ALLOCATOR_CALLS = frozenset(
     {"cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost", "hipMalloc", "hipFree"}
@@ -132,6 +133,9 @@ def critical_path(
     span_end = max(stop, float(selected["end"].max()))
     segments = _segments(graph, path, start, span_end)
     notes: list[str] = []
+    if label == WHOLE_TRACE:
+        notes.append("the trace has no ProfilerStep#N annotations: the path spans the whole trace; "
+                     "pass annotation='...' to pick one iteration")
     if not len(extras.syncs) and selected["name"].astype(str).isin(["Stream Wait Event", "Event Sync"]).any():
         notes.append("the trace has no file behind it, so waits on CUDA events are not on the graph")
     rows = sorted({int(graph.events["row"].iat[int(n) // 2]) for e in path
@@ -148,6 +152,31 @@ def critical_path(
         events=rows,
         notes=notes,
     )
+
+
+def critical_path_by_rank(trace: Trace, step: int | None = None) -> pd.DataFrame:
+    """What bounds the step on each rank: one row per rank, from :func:`critical_path`.
+
+    Columns: ``rank``, ``step``, ``span_us``, ``length_us``, ``top_kind``, ``top_name``,
+    ``top_share_pct`` (the largest opportunity), then ``<kind>_pct`` for every kind on any
+    rank's path (0 where absent). ``step`` as in :func:`critical_path` (per rank when None).
+    """
+    import pandas as pd
+
+    rows: list[dict[str, object]] = []
+    for rank in trace.ranks:
+        path = critical_path(trace, rank, step)
+        top = path.opportunities.head(1)
+        row: dict[str, object] = {
+            "rank": rank, "step": path.step, "span_us": path.span_us, "length_us": path.length_us,
+            "top_kind": str(top["kind"].iat[0]) if len(top) else "",
+            "top_name": str(top["name"].iat[0]) if len(top) else "",
+            "top_share_pct": float(top["share_pct"].iat[0]) if len(top) else 0.0,
+        }
+        kinds = path.by_kind()
+        row.update({f"{k}_pct": float(v) for k, v in zip(kinds["kind"], kinds["share_pct"], strict=True)})
+        rows.append(row)
+    return pd.DataFrame(rows).fillna(0.0)
 
 
 def _step_number(label: str) -> int | str:
@@ -169,6 +198,11 @@ def _window(trace: Trace, rank: int, frame: pd.DataFrame, step: int | None, *, a
         return float(hit["ts"]), float(hit["ts"] + hit["dur"]), annotation
     steps = trace.steps
     steps = steps[steps["rank"] == rank]
+    if not len(steps) and step is None:  # no steps recorded: the whole trace is the window
+        host = frame[frame["stream"].to_numpy() < 0]
+        if not len(host):
+            raise TraceError(f"rank {rank}: no host events; the critical path starts on the host")
+        return float(host["ts"].min()), float((host["ts"] + host["dur"]).max()), WHOLE_TRACE
     if not len(steps):
         raise TraceError(f"rank {rank}: the trace has no ProfilerStep#N annotations; pass "
                          "annotation='...' to pick the window (e.g. a record_function label)")

@@ -63,6 +63,9 @@ def test_gloo_ranks_waiting_rank_shows_the_collective_straggler_its_own_time(glo
                 share.setdefault(rank, {}).setdefault(str(kind), 0.0)
                 share[rank][str(kind)] += float(value)
     sleep_us = STRAGGLER_SLEEP_S * 1e6 * 3  # three profiled steps
+    per_rank = nbt.critical_path_by_rank(trace).set_index("rank")
+    assert per_rank.loc[waiting, "collective_pct"] > per_rank.loc[STRAGGLER_RANK, "collective_pct"]
+    assert per_rank.loc[STRAGGLER_RANK, "top_kind"] == "host gap"  # its own sleep bounds its step
     # the waiting rank spends about the straggler's sleep inside collectives on its path
     assert share[waiting].get("collective", 0.0) >= 0.5 * sleep_us, share
     # the straggler's sleep is unprofiled host time on its own path

@@ -164,3 +164,17 @@ def test_launch_delays_are_launches_onto_idle_streams(real_data, name):
         launched_at = seg["start_us"].iat[i]
         busy = (on_stream["ts"] < launched_at) & (on_stream["ts"] + on_stream["dur"] > launched_at)
         assert not busy.any(), (name, seg.iloc[i : i + 2])
+
+
+def test_a_trace_without_steps_is_one_window(real_data):
+    trace = nbt.load_trace(real_data("traces/tracelens_b200_r0"))
+    assert not len(trace.steps)
+    path = nbt.critical_path(trace)
+    assert path.step == "the whole trace" and any("no ProfilerStep" in n for n in path.notes)
+    host = trace.rank_events(trace.ranks[0])
+    host = host[host["stream"] < 0]
+    assert path.start_us == pytest.approx(host["ts"].min())
+    assert path.segments["dur_us"].sum() == pytest.approx(path.span_us)
+    summary = nbt.critical_path_by_rank(trace)
+    assert list(summary["rank"]) == trace.ranks
+    assert summary.filter(like="_pct").drop(columns="top_share_pct").sum(axis=1).round(6).eq(100.0).all()
