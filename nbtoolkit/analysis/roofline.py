@@ -22,8 +22,9 @@ Definitions:
   thread (``with_modules=True``/``with_stack=True``); backward ops run outside them.
 - **Collectives**: :mod:`nbtoolkit.analysis.collective_bandwidth` (algbw and busbw).
 
-On a CPU there are no roofs in the table (CPU peaks depend on the part, clocks and
-vector units): the achieved rates and intensities are still given.
+On a CPU the tables have no memory roof and no ridge point (neither is known for the part);
+when the trace came from ``nbt.profile(..., metrics=True)``, the peak the live step measured
+(matrix products in the step's dtype) is the compute roof, and ``pct_of_roof`` is of that peak.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 
 from nbtoolkit.analysis.collective_bandwidth import collective_bandwidth
 from nbtoolkit.analysis.device_bandwidth import lookup_bandwidth
-from nbtoolkit.analysis.device_peaks import lookup_peak
+from nbtoolkit.analysis.device_peaks import lookup_peak, precision_of
 from nbtoolkit.analysis.op_costs import op_class, op_cost
 from nbtoolkit.errors import TraceError
 from nbtoolkit.model._providers import provided
@@ -84,6 +85,12 @@ def roofline(trace: Trace, rank: int | None = None, step: int | None = None, *,
         if found:
             peaks[precision] = found[0]
             sources.append(found[1])
+    metrics = trace.step_metrics
+    if not on_gpu and metrics is not None and metrics.peak_flops:
+        # the live step measured this CPU's peak (matmul FLOP/s in the step's dtype): a compute roof
+        precision = precision_of(metrics.dtype) or ""
+        peaks[precision] = float(metrics.peak_flops)
+        sources.append(f"{precision} peak from the live step: {metrics.peak_source}")
     bw = bandwidth[0] if bandwidth else None
     flop_check = _flop_check(trace, ops)
     table = _rates(ops.assign(calls=1), peaks, bw)
@@ -234,7 +241,8 @@ def _rates(table: pd.DataFrame, peaks: dict[str, float], bw: float | None) -> pd
     ridge = peak / bw if bw else np.full(len(table), np.nan)
     compute = intensity >= ridge
     bound = np.where(np.isnan(ridge) | np.isnan(intensity), "", np.where(compute, "compute", "memory"))
-    roof = np.where(compute, peak, intensity * (bw or np.nan))
+    # without a memory roof (a CPU) the compute peak is the only roof
+    roof = np.where(compute, peak, intensity * bw) if bw else peak
     with np.errstate(divide="ignore", invalid="ignore"):
         pct = np.where(flops > 0, 100.0 * achieved / roof, 100.0 * traffic / (bw or np.nan))
     out = table.assign(intensity=intensity, tflops_per_s=achieved / 1e12, gb_per_s=traffic / 1e9,

@@ -132,8 +132,12 @@ def test_cpu_step_shapes_agree_with_the_live_flop_counter(shaped_cpu_trace):
     assert gemm["flops"] == pytest.approx(check["counter_flops"].sum() * steps, rel=1e-9)
     assert gemm["time_us"] > 0
     assert gemm["tflops_per_s"] == pytest.approx(gemm["flops"] / gemm["time_us"] / 1e6)
-    # no roofs on a CPU, definitions still hold
+    # no memory roof on a CPU; the compute roof is the peak the live step measured
     assert roof.bandwidth is None and roof.by_class["bound"].eq("").all()
+    peak = shaped_cpu_trace.step_metrics.peak_flops
+    assert gemm["peak_tflops"] == pytest.approx(peak / 1e12)
+    assert gemm["pct_of_roof"] == pytest.approx(100 * gemm["tflops_per_s"] * 1e12 / peak)
+    assert any("live step" in s for s in roof.sources)
     modules = set(roof.by_module["module"])
     assert {"Linear_0", "Linear_1"} <= modules
     ops = roof.ops
