@@ -41,11 +41,11 @@ On the HTA critical-path reference trace nbtoolkit's path has HTA's length and e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nbtoolkit.analysis._cp_graph import BACKEND_PREFIXES, build_graph, longest_path
+from nbtoolkit.analysis._cp_graph import BACKEND_PREFIXES, Graph, build_graph, longest_path
 from nbtoolkit.analysis._kernels import COMMUNICATION, MEMORY, kernel_types
 from nbtoolkit.analysis.overlap import COMM_PREFIXES
 from nbtoolkit.errors import TraceError
@@ -248,7 +248,9 @@ def _kind(graph_kind: str, row: int, events: pd.DataFrame, ktypes: np.ndarray, i
     return _EDGE_KIND[graph_kind]
 
 
-def _segments(graph, path: list[int], start: float, span_end: float) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+def _segments(graph: Graph, path: list[int], start: float, span_end: float) -> pd.DataFrame:
+    """The path's edges in time order, consecutive edges of one event and kind merged, with the
+    time before and after the path as gaps, so that the rows tile ``[start, span_end]``."""
     import pandas as pd
 
     ev = graph.events
@@ -256,7 +258,7 @@ def _segments(graph, path: list[int], start: float, span_end: float) -> pd.DataF
     ktypes = kernel_types(ev["name"])
     is_comm = np.array([n.startswith(COMM_PREFIXES) for n in names], dtype=bool)
     streams = ev["stream"].to_numpy()
-    records: list[list[object]] = []
+    records: list[list[Any]] = []  # kind, name, start_us, dur_us, work_us, row, stream
     if path:
         first = float(graph.node_ts[graph.src[path[0]]])
         if first > start:
@@ -276,8 +278,8 @@ def _segments(graph, path: list[int], start: float, span_end: float) -> pd.DataF
         row = int(ev["row"].iat[owner]) if owner >= 0 else -1
         stream = int(streams[owner]) if owner >= 0 else -1
         if records and records[-1][0] == kind and records[-1][1] == name and records[-1][5] == row:
-            records[-1][3] = float(records[-1][3]) + dur  # type: ignore[arg-type]
-            records[-1][4] = float(records[-1][4]) + graph.weight[e]  # type: ignore[arg-type]
+            records[-1][3] += dur
+            records[-1][4] += graph.weight[e]
             continue
         records.append([kind, name, float(graph.node_ts[u]), dur, graph.weight[e], row, stream])
     last = float(graph.node_ts[graph.dst[path[-1]]]) if path else start

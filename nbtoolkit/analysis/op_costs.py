@@ -162,9 +162,9 @@ def _conv(name: str, shapes: list[list[int]], concrete: list[Any]) -> tuple[floa
     spatial = x[2:]
     kernel = weight[2:]
     at = _CONV_ARGS.get(name, (-1, -1, -1))
-    stride = _ints(concrete, at[0], len(spatial), 1)
-    padding = _ints(concrete, at[1], len(spatial), None)
-    dilation = _ints(concrete, at[2], len(spatial), 1)
+    stride = _ints(concrete, at[0], len(spatial)) or [1] * len(spatial)
+    padding = _ints(concrete, at[1], len(spatial))
+    dilation = _ints(concrete, at[2], len(spatial)) or [1] * len(spatial)
     if padding is None:  # not recorded: "same" padding
         padding = [(dilation[i] * (kernel[i] - 1)) // 2 for i in range(len(spatial))]
     out = [
@@ -175,7 +175,8 @@ def _conv(name: str, shapes: list[list[int]], concrete: list[Any]) -> tuple[floa
     return 2.0 * out_elems * weight[1] * math.prod(kernel), float(out_elems)
 
 
-def _ints(concrete: list[Any], index: int, rank: int, default: int | None) -> list[int]:
+def _ints(concrete: list[Any], index: int, rank: int) -> list[int] | None:
+    """The recorded int-list argument at ``index`` (one value per spatial dim), or None."""
     value: Any = None
     if 0 <= index < len(concrete) and concrete[index] not in ("", None):
         try:
@@ -186,4 +187,4 @@ def _ints(concrete: list[Any], index: int, rank: int, default: int | None) -> li
         return [value] * rank
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
         return (value * rank)[:rank] if len(value) == 1 else value[:rank]
-    return [default] * rank if default is not None else None  # type: ignore[return-value]
+    return None
