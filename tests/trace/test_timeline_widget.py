@@ -21,7 +21,6 @@ from nbtoolkit.views.timeline_widget import MemoryTimelineWidget, TraceTimelineW
 from nbtoolkit.views.timeline_widget_assets import widget_asset, widget_dirs
 from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget, widgets_enabled
 from nbtoolkit.views.trace_views import TraceReport
-
 from tests._python import run_python
 
 from .timeline_data import synthetic_memory_events, synthetic_trace
@@ -125,7 +124,7 @@ def test_memory_widget_views_and_selection() -> None:
     assert isinstance(w, MemoryTimelineWidget)
     used = {"parameter", "activation", "gradient", "temporary"}
     assert w.categories == [c for c in CATEGORIES if c in used]  # torch's order: a stable stack
-    header, buffers = w.view_payload(w.span[0], w.span[1], 1000)
+    _header, buffers = w.view_payload(w.span[0], w.span[1], 1000)
     max_total = np.frombuffer(buffers[0], np.float64)
     assert max_total.max() == timeline.peak_bytes
     assert sum(len(b) for b in buffers) == 1000 * (3 * 8 + 4 * len(w.categories))
@@ -143,7 +142,7 @@ def test_memory_widget_on_a_real_cuda_snapshot(real_data: Any) -> None:
     w = nbt.memory_widget(snapshot)
     timeline = snapshot.timeline()
     assert w.index.timeline.device == timeline.device
-    header, buffers = w.view_payload(w.span[0], w.span[1], 600)
+    _header, buffers = w.view_payload(w.span[0], w.span[1], 600)
     assert np.frombuffer(buffers[0], np.float64).max() == timeline.peak_bytes
 
 
