@@ -116,6 +116,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import nbtoolkit as nbt
+    import nbtoolkit.views.timeline_widget  # noqa: F401 - imported first (ipywidgets, as in a notebook)
     from nbtoolkit.datasets import locate_data
     from nbtoolkit.errors import DataUnavailableError
     from tests.trace.timeline_data import synthetic_memory_events, synthetic_trace

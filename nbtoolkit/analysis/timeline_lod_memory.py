@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from nbtoolkit.analysis.timeline_lod import check_window
 from nbtoolkit.model.memory import CATEGORIES
@@ -98,12 +99,16 @@ def memory_index(timeline: MemoryTimeline) -> MemoryIndex:
         events = events.iloc[order]
         times = times[order]
     delta = events["delta_bytes"].to_numpy(np.int64)
-    category = events["category"].astype(str).to_numpy()
-    categories = tuple(c for c in CATEGORIES if c in set(category)) or ("unknown",)
+    # Category codes, not strings: comparing 1M object strings per category costs seconds.
+    codes, names = pd.factorize(events["category"].astype("category").cat.codes.to_numpy())
+    labels = [str(c) for c in events["category"].astype("category").cat.categories]
+    present = {labels[c] if c >= 0 else "unknown": j for j, c in enumerate(names.tolist())}
+    known = [c for c in CATEGORIES if c in present]
+    categories = tuple(known + sorted(set(present) - set(known))) or ("unknown",)
     by_category = np.zeros((len(delta) + 1, len(categories)), np.float32)
     for j, name in enumerate(categories):
-        column = np.where(category == name, delta, 0)
-        by_category[1:, j] = np.cumsum(column)
+        if name in present:
+            by_category[1:, j] = np.cumsum(np.where(codes == present[name], delta, 0))
     total = np.r_[np.int64(0), np.cumsum(delta)]
     return MemoryIndex(
         times=times, total=total, by_category=by_category, categories=categories, timeline=timeline

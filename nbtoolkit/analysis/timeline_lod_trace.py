@@ -50,6 +50,8 @@ class TraceTimelineIndex:
     origin: float  # µs of the earliest event: the widget's time 0
     end: float
     kinds: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> KINDS code per row
+    codes: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> name category code per row
+    categories: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> name categories (str)
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ts, end), first rank
 
     @property
@@ -57,14 +59,12 @@ class TraceTimelineIndex:
         return sum(len(lane.index) for lane in self.lanes)
 
     def name(self, rank: int, rows: np.ndarray) -> np.ndarray:
-        """Names of rows of one rank, as an object array of str."""
-        frame = self.trace.events[rank]
-        names = frame["name"]
-        return names.cat.categories.to_numpy(dtype=object)[names.cat.codes.to_numpy()[rows]].astype(str)
+        """Names of rows of one rank, as an array of str ("" for a missing name)."""
+        return np.r_[self.categories[rank], [""]][self.codes[rank][rows]]
 
     def name_codes(self, rank: int, rows: np.ndarray) -> np.ndarray:
         """Category codes of the names of rows of one rank (-1 for missing names)."""
-        return self.trace.events[rank]["name"].cat.codes.to_numpy()[rows]
+        return self.codes[rank][rows]
 
     def event(self, lane: int, row: int) -> dict[str, Any]:
         """One event as plain values: lane, rank, stream, name, category, ts/dur (µs), row."""
@@ -115,9 +115,13 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
         raise NbtUsageError(f"ranks {missing} are not in this trace; ranks present: {trace.ranks}")
     lanes: list[TraceLane] = []
     kinds: dict[int, np.ndarray] = {}
+    codes: dict[int, np.ndarray] = {}
+    categories: dict[int, np.ndarray] = {}
     for rank in chosen:
         frame = trace.events[rank]
         kinds[rank] = _rank_kinds(trace, rank)
+        codes[rank] = frame["name"].cat.codes.to_numpy()
+        categories[rank] = np.array([str(c) for c in frame["name"].cat.categories], dtype=object)
         ts, dur = frame["ts"].to_numpy(np.float64), frame["dur"].to_numpy(np.float64)
         stream, tid, pid = (frame[c].to_numpy() for c in ("stream", "tid", "pid"))
         names = frame["name"]
@@ -133,9 +137,9 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
         key = np.where(
             host[shown], -1 - ((pid[shown] & 0xFFFFFF) << 32 | (tid[shown] & 0xFFFFFFFF)), stream[shown]
         )
-        codes, uniques = pd.factorize(key, sort=False)
-        order = np.argsort(codes.astype(np.int16 if len(uniques) < 2**15 else np.int64), kind="stable")
-        groups = np.split(shown[order], np.cumsum(np.bincount(codes, minlength=len(uniques)))[:-1])
+        lane_of_row, uniques = pd.factorize(key, sort=False)
+        order = np.argsort(lane_of_row.astype(np.int16 if len(uniques) < 2**15 else np.int64), kind="stable")
+        groups = np.split(shown[order], np.cumsum(np.bincount(lane_of_row, minlength=len(uniques)))[:-1])
         threads = trace.info[rank].thread_names
         device_first = sorted(range(len(uniques)), key=lambda i: (uniques[i] < 0, abs(int(uniques[i]))))
         for i in device_first:
@@ -162,5 +166,7 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
         origin=origin,
         end=max(end, origin + 1e-3),
         kinds=kinds,
+        codes=codes,
+        categories=categories,
         steps=[(int(r.step), float(r.ts), float(r.ts + r.dur)) for r in step_rows.itertuples(index=False)],
     )

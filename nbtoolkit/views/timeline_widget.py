@@ -121,7 +121,7 @@ class TraceTimelineWidget(_TimelineWidget):
         offset = 0
         for rank in index.kinds:
             self._name_offset[rank] = offset
-            offset += len(index.trace.events[rank]["name"].cat.categories) + 1
+            offset += len(index.categories[rank]) + 1
         self._names_sent: dict[str, set[int]] = {}
         super().__init__(
             kind="trace",
@@ -155,7 +155,7 @@ class TraceTimelineWidget(_TimelineWidget):
             for prefix, rows in (("e", view.exact_row), ("a", view.agg_row)):
                 codes = index.name_codes(lane.rank, rows)
                 base = self._name_offset[lane.rank]
-                missing = base + len(index.trace.events[lane.rank]["name"].cat.categories)
+                missing = base + len(index.categories[lane.rank])
                 ids = np.where(codes < 0, missing, base + codes)
                 unique, first = np.unique(ids, return_index=True)
                 fresh = np.array([i not in sent for i in unique.tolist()], dtype=bool)
