@@ -10,7 +10,9 @@ Inputs, side by side:
 Targets: first paint data built in <= 1 s, a zoom round trip (kernel side) <= 50 ms, data per
 view <= 1 MB, the notebook grows <= 1 MB. Measured here:
 
-- *first paint*: building the widget (the per-lane index) plus its first full-range view;
+- *first paint*: building the widget plus its first full-range view (trace lanes answer it by
+  scanning while their pyramids are built in a background thread); *full index*: until that
+  thread is done (the zoom timings are taken after it);
 - *zoom round trip*: ``view_payload`` for windows of 100 %, 10 %, 1 %, 0.01 % of the range at
   1500 px (what the kernel does between the browser's request and its answer), median and max;
 - *bytes per view*: the answer's header JSON plus its binary buffers;
@@ -62,12 +64,17 @@ def measure(label: str, make: Any) -> dict[str, Any]:
     began = time.perf_counter()
     widget.view_payload(0.0, widget.span[1], WIDTH, client="first")
     first_view = time.perf_counter() - began
+    ready = getattr(widget.index, "ready", None)
+    if ready is not None:  # trace lanes finish their pyramids in a background thread
+        ready.wait()
+    indexed = time.perf_counter() - began + built + first_view
     times, sizes = _view_times(widget)
     row = {
         "input": label,
         "events": getattr(widget.index, "events", None) or len(widget.index.times),
         "first_paint_s": built + first_view,
-        "index_build_s": built,
+        "first_view_s": first_view,
+        "full_index_s": indexed,
         "zoom_ms_median": 1e3 * statistics.median(times),
         "zoom_ms_max": 1e3 * max(times),
         "bytes_per_view_max": max(sizes),
@@ -75,7 +82,7 @@ def measure(label: str, make: Any) -> dict[str, Any]:
     }
     print(
         f"{label:34s} {row['events']:>11,} events  first paint {row['first_paint_s']:6.2f} s "
-        f"(index {built:5.2f} s)  zoom {row['zoom_ms_median']:6.1f} ms median / "
+        f"(full index {indexed:5.2f} s)  zoom {row['zoom_ms_median']:6.1f} ms median / "
         f"{row['zoom_ms_max']:6.1f} max  {row['bytes_per_view_max'] / 1e3:7.1f} kB/view  "
         f"notebook +{row['notebook_growth_bytes'] / 1e3:6.1f} kB"
     )
@@ -116,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import nbtoolkit as nbt
-    import nbtoolkit.views.timeline_widget  # noqa: F401 - imported first (ipywidgets, as in a notebook)
+    import nbtoolkit.views.timeline_widget  # imported first (ipywidgets), as in a notebook
     from nbtoolkit.datasets import locate_data
     from nbtoolkit.errors import DataUnavailableError
     from tests.trace.timeline_data import synthetic_memory_events, synthetic_trace

@@ -84,7 +84,21 @@ class LaneIndex:
     levels: list[_Level] = field(default_factory=list)
     # duration classes: (lower bound µs, max duration, indices into the sorted arrays, their starts)
     classes: list[tuple[float, float, np.ndarray, np.ndarray]] = field(default_factory=list)
+    max_dur: float = 0.0
+    finished: bool = False  # levels and classes built (see finish)
     _level0: _Level | None = field(default=None, repr=False)
+
+    def finish(self) -> LaneIndex:
+        """Build the pyramid and the duration classes (views before this scan the window directly).
+
+        Safe to run in a background thread while views are served: each attribute is assigned
+        once, whole, and a view reads each once.
+        """
+        if not self.finished:
+            self.levels = _build_levels(self)
+            self.classes = _build_classes(self)
+            self.finished = True
+        return self
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -143,7 +157,12 @@ class LaneIndex:
 
     def _exact(self, t0: float, t1: float, min_dur: float, cap: int) -> np.ndarray:
         picked = []
-        for lower, max_dur, indices, class_starts in self.classes:
+        finished = self.finished  # read once: a background finish() may complete meanwhile
+        if not finished:  # no classes yet: scan the events that may reach into the window
+            lo, hi = np.searchsorted(self.starts, [t0 - self.max_dur, t1], side="left")
+            candidates = lo + np.flatnonzero(self.durs[lo:hi] >= min_dur)
+            picked.append(candidates[self.starts[candidates] + self.durs[candidates] > t0])
+        for lower, max_dur, indices, class_starts in self.classes if finished else []:
             if max_dur < min_dur:
                 continue
             lo, hi = np.searchsorted(class_starts, [t0 - max_dur, t1], side="left")
@@ -168,8 +187,14 @@ def check_window(t0: float, t1: float, width: int) -> None:
         raise NbtUsageError(f"timeline width must be 1..20000 pixels; got {width}")
 
 
-def build_lane(starts: np.ndarray, durs: np.ndarray, rows: np.ndarray | None = None) -> LaneIndex:
-    """Index one lane's events (``starts``, ``durs`` in µs; ``rows`` in the source frame, default 0..n-1)."""
+def build_lane(
+    starts: np.ndarray, durs: np.ndarray, rows: np.ndarray | None = None, *, finish: bool = True
+) -> LaneIndex:
+    """Index one lane's events (``starts``, ``durs`` in µs; ``rows`` in the source frame, default 0..n-1).
+
+    With ``finish=False`` only the sorted arrays are made (views work, scanning the window);
+    :meth:`LaneIndex.finish` builds the rest later, e.g. in a background thread.
+    """
     starts = np.asarray(starts, dtype=np.float64)
     durs = np.maximum(np.nan_to_num(np.asarray(durs, dtype=np.float64)), 0.0)
     rows = np.arange(len(starts), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
@@ -180,10 +205,8 @@ def build_lane(starts: np.ndarray, durs: np.ndarray, rows: np.ndarray | None = N
     if len(starts) > 1 and not (starts[1:] >= starts[:-1]).all():  # trace frames come sorted already
         order = np.argsort(starts, kind="stable")
         starts, durs, rows = starts[order], durs[order], rows[order]
-    lane = LaneIndex(starts=starts, durs=durs, rows=rows)
-    lane.levels = _build_levels(lane)
-    lane.classes = _build_classes(lane)
-    return lane
+    lane = LaneIndex(starts=starts, durs=durs, rows=rows, max_dur=float(durs.max()) if len(durs) else 0.0)
+    return lane.finish() if finish else lane
 
 
 def _build_levels(lane: LaneIndex) -> list[_Level]:

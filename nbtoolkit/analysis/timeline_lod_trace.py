@@ -12,6 +12,7 @@ Each event gets a *kind* for its colour: for device events HTA's kernel type
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ class TraceTimelineIndex:
     codes: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> name category code per row
     categories: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> name categories (str)
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ts, end), first rank
+    ready: threading.Event = field(default_factory=threading.Event)  # every lane finished
 
     @property
     def events(self) -> int:
@@ -90,6 +92,12 @@ class TraceTimelineIndex:
     def check(self, t0: float, t1: float, width: int) -> None:
         check_window(t0, t1, width)
 
+    def finish(self) -> None:
+        """Finish every lane's index (largest first: they gain most), then set :attr:`ready`."""
+        for lane in sorted(self.lanes, key=lambda lane: -len(lane.index)):
+            lane.index.finish()
+        self.ready.set()
+
 
 def _rank_kinds(trace: Trace, rank: int) -> np.ndarray:
     """KINDS code per row of one rank (see the module docstring)."""
@@ -107,8 +115,16 @@ def _rank_kinds(trace: Trace, rank: int) -> np.ndarray:
     return np.where(on_device, as_device[codes], as_host[codes])
 
 
-def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> TraceTimelineIndex:
-    """Lanes of ``trace`` (all ranks, or ``ranks``), each indexed for level-of-detail views."""
+def trace_timeline_index(
+    trace: Trace, *, ranks: list[int] | None = None, background: bool = False
+) -> TraceTimelineIndex:
+    """Lanes of ``trace`` (all ranks, or ``ranks``), each indexed for level-of-detail views.
+
+    With ``background`` the lanes' pyramids and duration classes are built in a daemon thread
+    (``index.ready`` is set when done): the first views come at once, scanning their window
+    (linear in its events), and later ones are O(pixels). A 10M-event trace paints in well
+    under its full build time this way.
+    """
     chosen = trace.ranks if ranks is None else list(ranks)
     missing = [r for r in chosen if r not in trace.events]
     if missing:
@@ -147,12 +163,16 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
             if uniques[i] >= 0:
                 label = f"rank {rank} · stream {int(uniques[i])}"
                 lane = TraceLane(
-                    label, rank, int(uniques[i]), int(tid[rows[0]]), build_lane(ts[rows], dur[rows], rows)
+                    label,
+                    rank,
+                    int(uniques[i]),
+                    int(tid[rows[0]]),
+                    build_lane(ts[rows], dur[rows], rows, finish=False),
                 )
             else:
                 p, t = int(pid[rows[0]]), int(tid[rows[0]])
                 label = f"rank {rank} · {threads.get(f'{p}:{t}', f'thread {t}')}"
-                lane = TraceLane(label, rank, -1, t, build_lane(ts[rows], dur[rows], rows))
+                lane = TraceLane(label, rank, -1, t, build_lane(ts[rows], dur[rows], rows, finish=False))
             lanes.append(lane)
     nonempty = [lane.index for lane in lanes if len(lane.index)]
     origin = min((ix.start for ix in nonempty), default=0.0)
@@ -160,7 +180,7 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
     steps = trace.steps
     first = chosen[0] if chosen else None
     step_rows = steps[steps["rank"] == first] if len(steps) else steps
-    return TraceTimelineIndex(
+    index = TraceTimelineIndex(
         trace=trace,
         lanes=lanes,
         origin=origin,
@@ -170,3 +190,8 @@ def trace_timeline_index(trace: Trace, *, ranks: list[int] | None = None) -> Tra
         categories=categories,
         steps=[(int(r.step), float(r.ts), float(r.ts + r.dur)) for r in step_rows.itertuples(index=False)],
     )
+    if background:
+        threading.Thread(target=index.finish, name="nbt-timeline-index", daemon=True).start()
+    else:
+        index.finish()
+    return index

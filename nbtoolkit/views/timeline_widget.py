@@ -320,7 +320,8 @@ def timeline_widget(trace: Trace, *, ranks: list[int] | None = None) -> TraceTim
         raise NbtUsageError(
             f"timeline_widget() takes a Trace (nbt.load_trace(path)); got {type(trace).__name__}"
         )
-    return TraceTimelineWidget(trace_timeline_index(trace, ranks=ranks))
+    # The lanes' pyramids finish in a background thread: the first view does not wait for them.
+    return TraceTimelineWidget(trace_timeline_index(trace, ranks=ranks, background=True))
 
 
 def memory_widget(source: Any, *, device: int | None = None) -> MemoryTimelineWidget:

@@ -66,6 +66,19 @@ def test_big_lane_keeps_counts_and_bounds_rectangles() -> None:
     assert long_row in view.exact_row.tolist()
 
 
+def test_an_unfinished_lane_answers_the_same_by_scanning() -> None:
+    """Before its background finish, a lane scans the window: same exact events, same counts."""
+    starts, durs = _lane(200_000, seed=4)
+    finished = build_lane(starts, durs)
+    scanning = build_lane(starts, durs, finish=False)
+    assert not scanning.finished and scanning.levels == []
+    for t0, t1 in [(finished.start, finished.end), tuple(np.quantile(starts, [0.3, 0.35]))]:
+        a, b = finished.view(t0, t1, 700), scanning.view(t0, t1, 700)
+        assert np.array_equal(a.exact_row, b.exact_row)
+        assert abs(int(a.agg_count.sum()) - int(b.agg_count.sum())) <= 2 * 8 * 64  # boundary bins
+    assert scanning.finish() is scanning and scanning.finished and len(scanning.levels) >= 2
+
+
 def test_exact_events_capped_to_the_longest() -> None:
     starts = np.arange(10_000, dtype=float)
     durs = np.full(10_000, 5.0)
