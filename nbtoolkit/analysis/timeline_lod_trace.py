@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["KINDS", "TraceLane", "TraceTimelineIndex", "trace_timeline_index"]
 
 KINDS: tuple[str, ...] = ("compute", "communication", "memory", "other", "host")
+_STEP_KEY = np.iinfo(np.int64).min  # the lane key of host ProfilerStep rows (not shown)
 
 
 @dataclass
@@ -144,20 +145,20 @@ def trace_timeline_index(
         step_flags = np.array(
             [str(c).startswith(PROFILER_STEP_PREFIX) for c in names.cat.categories] + [False]
         )
-        is_step = step_flags[names.cat.codes.to_numpy()]
-        host = (stream < 0) & ~is_step
-        shown = np.flatnonzero((stream >= 0) | host)
-        # One int64 key per row: the stream for device rows, -1 - (pid, tid packed) for host rows.
-        # A hash factorize plus a radix sort of the small lane codes keeps this linear (np.unique
-        # would sort every row, 1.4 s on 2M events).
-        key = np.where(
-            host[shown], -1 - ((pid[shown] & 0xFFFFFF) << 32 | (tid[shown] & 0xFFFFFFFF)), stream[shown]
-        )
+        is_step = step_flags[codes[rank]]
+        host = stream < 0
+        # One int64 key per row: the stream for device rows, -1 - (pid, tid packed) for host rows,
+        # and a key of its own for host ProfilerStep rows (left out). A hash factorize plus a radix
+        # sort of the small lane codes keeps this linear (np.unique would sort every row: 1.4 s on
+        # 2M events); no row subset is copied before the lanes' own arrays.
+        key = np.where(host, -1 - ((pid & 0xFFFFFF) << 32 | (tid & 0xFFFFFFFF)), stream)
+        key[host & is_step] = _STEP_KEY
         lane_of_row, uniques = pd.factorize(key, sort=False)
         order = np.argsort(lane_of_row.astype(np.int16 if len(uniques) < 2**15 else np.int64), kind="stable")
-        groups = np.split(shown[order], np.cumsum(np.bincount(lane_of_row, minlength=len(uniques)))[:-1])
+        groups = np.split(order, np.cumsum(np.bincount(lane_of_row, minlength=len(uniques)))[:-1])
         threads = trace.info[rank].thread_names
-        device_first = sorted(range(len(uniques)), key=lambda i: (uniques[i] < 0, abs(int(uniques[i]))))
+        kept = [i for i in range(len(uniques)) if uniques[i] != _STEP_KEY]
+        device_first = sorted(kept, key=lambda i: (uniques[i] < 0, abs(int(uniques[i]))))
         for i in device_first:
             rows = groups[i]
             if uniques[i] >= 0:

@@ -190,12 +190,19 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             page.wait_for_timeout(1000)
             frames = page.evaluate("() => { window.__recording = false; return window.__frames; }")
             memory = _stats(page, 2)
+            # Save as a person would (Ctrl+S): what the outputs of 1.3M events add to the file.
+            page.keyboard.press("Control+s")
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            page.wait_for_timeout(2000)
             shot = tmp_path / "timeline_widget.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, SCREENSHOTS / shot.name)
+    saved = nbformat.read(tmp_path / notebook, as_version=4)
+    outputs_bytes = len(json.dumps([c.get("outputs", []) for c in saved.cells]))
+    widget_state_bytes = len(json.dumps(saved.metadata.get("widgets", {})))
     gaps = sorted(frames[1:])
     measured = {
         "memory_events": 1_000_000,
@@ -210,6 +217,8 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
         "bytes_per_view_max": max(memory["bytes"]),
         "trace_roundtrip_ms_median": statistics.median(after["roundtrips"]),
         "trace_bytes_per_view_max": max(after["bytes"]),
+        "saved_outputs_bytes": outputs_bytes,
+        "saved_widget_state_bytes": widget_state_bytes,
     }
     (SCREENSHOTS / "timeline_widget_frames.json").write_text(json.dumps(measured, indent=1))
     print("timeline widget in chromium:", json.dumps(measured))
@@ -218,6 +227,8 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
     assert real_console == [], f"JavaScript errors in the console: {real_console}"
     assert memory["views"] >= 3  # zooms and pans fetched new views of the 1M events
     assert measured["bytes_per_view_max"] < 1_000_000 and measured["trace_bytes_per_view_max"] < 1_000_000
+    assert outputs_bytes + widget_state_bytes < 1_000_000  # the notebook grows by less than 1 MB
+    assert any("nbt-timeline-static" in json.dumps(c.get("outputs", [])) for c in saved.cells)
     # Responsive: drawing one screen is cheap whatever the event count, and the page kept
     # producing frames while zooming (headless chromium, software rendering, a shared 2-core box).
     assert measured["draw_ms_median"] < 30
