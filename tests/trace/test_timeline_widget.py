@@ -118,6 +118,22 @@ def test_mime_bundle_has_text_and_an_escaped_static_overview(trace: Any) -> None
     assert len(html) < 300_000
 
 
+def test_exported_html_shows_the_static_overview(trace: Any) -> None:
+    """nbconvert's HTML (no widget state) renders the bundle's text/html: the SVG overview."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    data, metadata = nbt.timeline_widget(trace)._repr_mimebundle_()
+    notebook = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("w")
+    cell.outputs = [nbformat.v4.new_output("display_data", data=data, metadata=metadata)]
+    notebook.cells = [cell]
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    shown = body[body.index("nbt-timeline-static") :]
+    assert shown.index("<svg") < shown.index("</svg>")
+    assert "Timeline widget: 6 lanes" in shown
+
+
 def test_memory_widget_views_and_selection() -> None:
     timeline = nbt.MemoryTimeline(events=synthetic_memory_events(200_000))
     w = nbt.memory_widget(timeline)
