@@ -120,6 +120,10 @@ function render({ model, el: host }) {
     clearTimeout(timer);
     timer = setTimeout(() => {
       width = cssWidth();
+      if (win[0] !== model.get("window")[0] || win[1] !== model.get("window")[1]) {
+        model.set("window", win.slice()); // w.window in the notebook: the range on screen
+        model.save_changes();
+      }
       latestId = nextId++;
       sentAt.set(latestId, performance.now());
       model.send({ type: "view", t0: win[0], t1: win[1], width, id: latestId, client });
@@ -378,7 +382,7 @@ function render({ model, el: host }) {
   function onUp(event) {
     const was = drag;
     drag = null;
-    if (!was || was.moved) { model.set("window", win.slice()); model.save_changes(); return; }
+    if (!was || was.moved) return;
     const rect = canvas.getBoundingClientRect();
     const h = hit(event.clientX - rect.left, event.clientY - rect.top);
     if (!h) return;
@@ -405,6 +409,11 @@ function render({ model, el: host }) {
   reset.addEventListener("click", () => setWindow(span[0], span[1], 0));
   model.on("msg:custom", onMessage);
   model.on("change:selected", showSelection);
+  const onWindow = () => { // the notebook set w.window: show that range
+    const [a, b] = model.get("window");
+    if (a !== win[0] || b !== win[1]) setWindow(a, b, 0);
+  };
+  model.on("change:window", onWindow);
   const resize = new ResizeObserver(() => { draw(); request(100); });
   resize.observe(stage);
   showSelection();
@@ -415,6 +424,7 @@ function render({ model, el: host }) {
     resize.disconnect();
     model.off("msg:custom", onMessage);
     model.off("change:selected", showSelection);
+    model.off("change:window", onWindow);
   };
 }
 

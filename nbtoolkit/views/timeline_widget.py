@@ -11,6 +11,8 @@ into binary buffers, a few rectangles per pixel and lane, so data per view stays
 Only small state is synced (lane labels, the full time range, the current window, the
 selection): saving a notebook with widget state adds kilobytes, not the trace.
 A click selects an event (trace) or an instant (memory); ``w.selected`` holds it as a dict.
+``w.window`` is the range on screen ([t0, t1], µs from the origin): it follows zooms and pans,
+and setting it from the notebook moves the view.
 
 Times on the wire are µs relative to the widget's origin (the first event), as float64.
 """

@@ -9,6 +9,7 @@ and a 1M-event memory timeline widget. The test then, as a person would with a m
   script run);
 - clicks one: the kernel's ``selected`` comes back to the page (the selection line shows it);
 - zooms with the wheel: a new, narrower view comes from the kernel and replaces the lanes;
+- runs a cell: the kernel's ``w.selected`` is the clicked event and ``w.window`` the zoomed range;
 - zooms and pans the 1M-event memory timeline while recording the browser's frames, and keeps
   the frame and draw times in out/browser/timeline_widget_frames.json (printed too).
 """
@@ -52,6 +53,11 @@ CELLS = [
     "%nbt trace small --name report",
     "w = nbt.timeline_widget(tr)\nw",
     "mw = nbt.memory_widget(nbt.MemoryTimeline(events=synthetic_memory_events(1_000_000)))\nmw",
+    # Run again after the clicks and zooms: what the kernel sees of them.
+    (
+        "zoomed = w.window[1] - w.window[0] < w.span[1] / 2\n"
+        'print("KERNEL SEES", repr(w.selected.get("name")), "zoomed:", zoomed)'
+    ),
 ]
 
 # Records the gaps between animation frames while the test zooms: a page that stops responding
@@ -171,6 +177,14 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             assert float(after["status"].split()[0]) < float(before["status"].split()[0]) or (
                 after["status"].split()[1] != before["status"].split()[1]
             )
+
+            # ---- the notebook reads the click and the zoom: w.selected, w.window
+            last = page.locator(".jp-CodeCell").last
+            last.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")
+            seen = last.locator(".jp-OutputArea-output").filter(has_text="zoomed: True")
+            seen.wait_for(timeout=30_000)
+            assert repr(SCRIPT) in seen.text_content()
 
             # ---- the 1M-event memory timeline: frame times while zooming and panning
             memory_root = roots.nth(2)
