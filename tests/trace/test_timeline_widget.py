@@ -211,6 +211,16 @@ def test_snapshot_magic_with_widget_keeps_it_beside_the_result(shell: Interactiv
     assert "snap_widget" not in shell.user_ns  # static: no widget made
 
 
+def test_memory_magic_with_widget_returns_the_timeline_and_keeps_the_widget(shell: InteractiveShell) -> None:
+    shell.run_cell("import torch").raise_error()
+    cell = "w1 = torch.ones(256, 256)\nw2 = torch.ones(512, 256)\ndel w1\n"
+    result = shell.run_cell_magic("nbt", "memory --widget --name mem", cell)
+    assert isinstance(result, nbt.MemoryTimeline) and shell.user_ns["mem"] is result
+    widget = shell.user_ns["mem_widget"]
+    assert isinstance(widget, MemoryTimelineWidget)
+    assert widget.peak[1] == result.peak_bytes > 0
+
+
 def test_assets_found_in_the_checkout_and_in_a_package(tmp_path: Path) -> None:
     assert widget_asset("timeline.js") == ROOT / "widgets" / "timeline.js"
     package = tmp_path / "site" / "nbtoolkit"
