@@ -114,7 +114,7 @@ register(
 register(
     Subcommand(
         name="trace",
-        summary="timeline (a zoomable widget in JupyterLab), steps, breakdowns and overlap of traces",
+        summary="timeline, steps, breakdowns and overlap of traces or a Trace variable",
         mode="line",
         arguments=(_TRACES, *DISPLAY_ARGUMENTS),
         handler=_trace,
