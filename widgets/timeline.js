@@ -242,9 +242,14 @@ function render({ model, el: host }) {
     }
     ctx.stroke();
     ctx.setLineDash([]);
-    ctx.fillStyle = "#333";
     ctx.font = "11px sans-serif";
-    ctx.fillText("max in view " + formatBytes(top), 4, 11);
+    for (let i = 1; i <= 4; i++) { // byte gridlines: a quarter of the highest total in view each
+      const b = (top * i) / 4, yy = Math.round(y(b)) + 0.5;
+      ctx.strokeStyle = "rgba(0,0,0,0.12)";
+      ctx.beginPath(); ctx.moveTo(0, yy); ctx.lineTo(w, yy); ctx.stroke();
+      ctx.fillStyle = "#333";
+      ctx.fillText(formatBytes(b), 4, yy - 2);
+    }
   }
 
   function drawAxis(ctx, w, x) {
