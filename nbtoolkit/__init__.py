@@ -68,6 +68,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "load_trace": "nbtoolkit.io.kineto",
     "locate_data": "nbtoolkit.datasets",
     "memory_timeline": "nbtoolkit.capture.memory",
+    "memory_widget": "nbtoolkit.views.timeline_widget",
     "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
     "optimize_panel": "nbtoolkit.views.optimize",
@@ -78,6 +79,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "step_metrics": "nbtoolkit.capture.step_metrics",
     "stragglers": "nbtoolkit.analysis.stragglers",
     "temporal_breakdown": "nbtoolkit.analysis.breakdown",
+    "timeline_widget": "nbtoolkit.views.timeline_widget",
 }
 
 _EAGER_EXPORTS = [
@@ -186,3 +188,4 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.views.metrics import mfu_chart
     from nbtoolkit.views.optimize import optimize_panel
     from nbtoolkit.views.report import report
+    from nbtoolkit.views.timeline_widget import memory_widget, timeline_widget
