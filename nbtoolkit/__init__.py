@@ -40,22 +40,29 @@ __version__ = "0.1.0"
 _LAZY_EXPORTS: dict[str, str] = {
     "Cluster": "nbtoolkit.cluster.cluster",
     "Comparison": "nbtoolkit.model.comparison",
+    "CriticalPath": "nbtoolkit.model.critical_path",
     "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
     "HangReport": "nbtoolkit.model.hang",
     "MeasureConfig": "nbtoolkit.optimizations.config",
     "Measurement": "nbtoolkit.model.comparison",
+    "MemoryDiff": "nbtoolkit.model.memory_reports",
+    "MemoryImbalance": "nbtoolkit.model.memory_reports",
     "MemorySnapshot": "nbtoolkit.model.snapshot",
     "MemoryTimeline": "nbtoolkit.model.memory",
     "OptimizeConfig": "nbtoolkit.optimizations.config",
     "RankMemory": "nbtoolkit.model.rank_memory",
     "RecomputeConfig": "nbtoolkit.optimizations.config",
     "RecomputePlan": "nbtoolkit.model.plan",
+    "Roofline": "nbtoolkit.model.roofline",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
+    "TraceSummary": "nbtoolkit.model.trace_summary",
     "capture_graphs": "nbtoolkit.capture.graphs",
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
     "compare": "nbtoolkit.analysis.diff",
+    "critical_path": "nbtoolkit.analysis.critical_path",
+    "critical_path_by_rank": "nbtoolkit.analysis.critical_path",
     "export_memory_snapshot": "nbtoolkit.io.snapshot_export",
     "idle_breakdown": "nbtoolkit.analysis.breakdown",
     "kernel_breakdown": "nbtoolkit.analysis.breakdown",
@@ -63,18 +70,26 @@ _LAZY_EXPORTS: dict[str, str] = {
     "load_flight_recorder": "nbtoolkit.io.flight_recorder",
     "load_memory_snapshot": "nbtoolkit.io.snapshot",
     "load_memory_timeline": "nbtoolkit.io.snapshot",
+    "load_rank_snapshots": "nbtoolkit.io.snapshot_ranks",
     "load_trace": "nbtoolkit.io.kineto",
     "locate_data": "nbtoolkit.datasets",
+    "memory_by": "nbtoolkit.analysis.memory_breakdown",
+    "memory_diff": "nbtoolkit.analysis.memory_diff",
+    "memory_imbalance": "nbtoolkit.analysis.memory_diff",
     "memory_timeline": "nbtoolkit.capture.memory",
+    "memory_widget": "nbtoolkit.views.timeline_widget",
     "mfu_chart": "nbtoolkit.views.metrics",
     "optimize": "nbtoolkit.optimizations.apply",
     "optimize_panel": "nbtoolkit.views.optimize",
     "plan_recompute": "nbtoolkit.optimizations.recompute",
     "profile": "nbtoolkit.capture.profiler",
     "report": "nbtoolkit.views.report",
+    "roofline": "nbtoolkit.analysis.roofline",
     "step_metrics": "nbtoolkit.capture.step_metrics",
     "stragglers": "nbtoolkit.analysis.stragglers",
+    "summarize_traces": "nbtoolkit.io.trace_summaries",
     "temporal_breakdown": "nbtoolkit.analysis.breakdown",
+    "timeline_widget": "nbtoolkit.views.timeline_widget",
 }
 
 _EAGER_EXPORTS = [
@@ -102,14 +117,25 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 # such call, so `import nbtoolkit` stays light and the model layer never imports upward.
 _PROVIDER_MODULES = (
     "nbtoolkit.analysis.breakdown",
+    "nbtoolkit.analysis.rank_summary",
+    "nbtoolkit.analysis.stragglers",
     "nbtoolkit.io.kineto",
+    "nbtoolkit.io.trace_summaries",
+    "nbtoolkit.io.kineto_args",
     "nbtoolkit.analysis.graph_breaks",
     "nbtoolkit.analysis.hang",
     "nbtoolkit.analysis.memory",
+    "nbtoolkit.analysis.memory_breakdown",
+    "nbtoolkit.analysis.memory_diff",
+    "nbtoolkit.io.snapshot_ranks",
     "nbtoolkit.integrations.deepspeed.recompute",
     "nbtoolkit.optimizations.checkpoint",
+    "nbtoolkit.views.critical_path",
     "nbtoolkit.views.graphs",
     "nbtoolkit.views.memory",
+    "nbtoolkit.views.memory_reports",
+    "nbtoolkit.views.trace_scale",
+    "nbtoolkit.views.roofline",
 )
 
 
@@ -150,8 +176,12 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.analysis.critical_path import critical_path, critical_path_by_rank
     from nbtoolkit.analysis.diff import compare
+    from nbtoolkit.analysis.memory_breakdown import memory_by
+    from nbtoolkit.analysis.memory_diff import memory_diff, memory_imbalance
     from nbtoolkit.analysis.overlap import comm_comp_overlap
+    from nbtoolkit.analysis.roofline import roofline
     from nbtoolkit.analysis.stragglers import stragglers
     from nbtoolkit.capture.graphs import capture_graphs
     from nbtoolkit.capture.memory import memory_timeline
@@ -164,18 +194,25 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.io.snapshot_export import export_memory_snapshot
+    from nbtoolkit.io.snapshot_ranks import load_rank_snapshots
+    from nbtoolkit.io.trace_summaries import summarize_traces
     from nbtoolkit.model.comparison import Comparison, Measurement
+    from nbtoolkit.model.critical_path import CriticalPath
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.hang import HangReport
     from nbtoolkit.model.memory import MemoryTimeline
+    from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance
     from nbtoolkit.model.metrics import StepMetrics
     from nbtoolkit.model.plan import RecomputePlan
     from nbtoolkit.model.rank_memory import RankMemory
+    from nbtoolkit.model.roofline import Roofline
     from nbtoolkit.model.snapshot import MemorySnapshot
     from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
     from nbtoolkit.optimizations.apply import optimize
     from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
     from nbtoolkit.optimizations.recompute import plan_recompute
     from nbtoolkit.views.metrics import mfu_chart
     from nbtoolkit.views.optimize import optimize_panel
     from nbtoolkit.views.report import report
+    from nbtoolkit.views.timeline_widget import memory_widget, timeline_widget

@@ -63,7 +63,23 @@ def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bo
             steps_b=steps_b,
             top=top,
         )
-    return TraceDiff(summary=summary.reset_index(), operators=operators, kernels=kernels)
+    return TraceDiff(
+        summary=summary.reset_index(),
+        operators=operators,
+        kernels=kernels,
+        time_within_noise=_within_noise(before, after),
+    )
+
+
+def _within_noise(before: Trace, after: Trace) -> bool | None:
+    """Whether the step durations' middle halves (25th-75th percentile) overlap; None when
+    either trace has fewer than 2 steps (a single step has no spread to compare)."""
+    a, b = before.steps, after.steps
+    if len(a) < 2 or len(b) < 2:
+        return None
+    a_low, a_high = np.percentile(a["dur"], [25, 75])
+    b_low, b_high = np.percentile(b["dur"], [25, 75])
+    return bool(a_low <= b_high and b_low <= a_high)
 
 
 def _n_steps(trace: Trace, include_last_step: bool) -> int:

@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
 
-__all__ = ["comm_comp_overlap", "host_comm_and_compute"]
+__all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
@@ -54,7 +55,7 @@ Intervals = tuple[np.ndarray, np.ndarray]
 
 
 def comm_comp_overlap(
-    trace: Trace,
+    trace: Trace | TraceSummary,
     *,
     by: Literal["rank", "iteration", "collective"] = "rank",
     include_last_step: bool = False,
@@ -74,7 +75,24 @@ def comm_comp_overlap(
         include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
 
     ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
+
+    ``trace`` may be a :class:`~nbtoolkit.model.trace_summary.TraceSummary` (``nbt.summarize_traces``):
+    its per-rank and per-step tables are returned (the events needed per call are not in it).
     """
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+    if isinstance(trace, TraceSummary):
+        if include_last_step != trace.include_last_step:
+            raise NbtUsageError(
+                f"this summary was made with include_last_step={trace.include_last_step}; "
+                "summarize the traces again with the other value"
+            )
+        if by == "collective":
+            raise NbtUsageError(
+                "a TraceSummary keeps no per-call events: use comm_comp_overlap(summary.load_ranks([...]), "
+                "by='collective') for the ranks you want"
+            )
+        return trace.overlap.copy() if by == "rank" else trace.overlap_by_step.copy()
     trace = as_trace(trace, what="comm_comp_overlap()")
     import pandas as pd
 
@@ -144,6 +162,46 @@ def comm_comp_overlap(
         ],
     }[by]
     return pd.DataFrame(rows, columns=columns)
+
+
+def overlap_by_rank_and_step(
+    trace: Trace, *, include_last_step: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``comm_comp_overlap`` by rank and by iteration at once (each rank's events are classified once).
+
+    What :func:`nbtoolkit.analysis.rank_summary.summarize_trace` keeps of every rank at scale.
+    """
+    import pandas as pd
+
+    by_rank: list[dict[str, object]] = []
+    by_step: list[dict[str, object]] = []
+    for rank in trace.ranks:
+        comm_calls, comp_events, comp_steps, method = _comm_and_comp(
+            trace, rank, include_last_step=include_last_step
+        )
+        comp = merge(*comp_events)
+        comm = merge(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy())
+        by_rank.append({"rank": rank, **_overlap_numbers(comm, comp), "method": method})
+        for step, step_calls in comm_calls.groupby("step", sort=True):
+            if step < 0:
+                continue
+            in_step = comp_steps == step
+            by_step.append(
+                {
+                    "rank": rank,
+                    "step": int(step),
+                    **_overlap_numbers(
+                        merge(step_calls["ts"].to_numpy(), step_calls["end"].to_numpy()),
+                        merge(comp_events[0][in_step], comp_events[1][in_step]),
+                    ),
+                    "method": method,
+                }
+            )
+    numbers = ["comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"]
+    return (
+        pd.DataFrame(by_rank, columns=["rank", *numbers]),
+        pd.DataFrame(by_step, columns=["rank", "step", *numbers]),
+    )
 
 
 def _overlap_numbers(comm: Intervals, comp: Intervals) -> dict[str, float]:
@@ -265,13 +323,19 @@ def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
 
 def _step_windows(host: pd.DataFrame) -> dict[int, tuple[float, float]]:
     names = host["name"]
-    numbers = step_labels(names.cat.categories)
-    rows = host[names.isin(list(numbers)).to_numpy() & (host["stream"].to_numpy() < 0)]
+    categories = names.cat.categories
+    numbers = step_labels(categories)
+    if not numbers:
+        return {}
+    # numpy on the category codes: this runs once per rank, hundreds of times at scale
+    step_of_code = np.array([numbers.get(str(c), -1) for c in categories] + [-1], dtype=np.int64)
+    steps = step_of_code[names.cat.codes.to_numpy()]
+    rows = (steps >= 0) & (host["stream"].to_numpy() < 0)
+    ts, end, steps = host["ts"].to_numpy()[rows], host["end"].to_numpy()[rows], steps[rows]
     windows: dict[int, tuple[float, float]] = {}
-    for name, ts, end in zip(rows["name"].astype(str), rows["ts"], rows["end"], strict=True):
-        step = numbers[name]
-        old = windows.get(step)
-        windows[step] = (min(ts, old[0]), max(end, old[1])) if old else (float(ts), float(end))
+    for step in np.unique(steps):
+        on = steps == step
+        windows[int(step)] = (float(ts[on].min()), float(end[on].max()))
     return windows
 
 
@@ -286,10 +350,16 @@ def _launch_steps(
     view: k.DeviceView, calls: pd.DataFrame, windows: dict[int, tuple[float, float]]
 ) -> np.ndarray:
     """The step of each device call: that of the host event that launched it, else its own start."""
-    host = view.host[view.host["correlation"].to_numpy() >= 0]
-    launch = host.drop_duplicates("correlation", keep="last").set_index("correlation")["ts"]
-    launched = calls["correlation"].map(launch).to_numpy(dtype=np.float64) if len(calls) else np.empty(0)
-    ts = np.where(np.isnan(launched), calls["ts"].to_numpy(), launched)
+    correlation = view.host["correlation"].to_numpy()
+    has = correlation >= 0
+    host_corr, host_ts = correlation[has], view.host["ts"].to_numpy()[has]
+    # the last host event of each correlation launched it (as drop_duplicates(keep="last") would)
+    keys, first_from_end = np.unique(host_corr[::-1], return_index=True)
+    launch_ts = host_ts[::-1][first_from_end]
+    wanted = calls["correlation"].to_numpy()
+    at = np.clip(np.searchsorted(keys, wanted), 0, max(len(keys) - 1, 0))
+    found = (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), dtype=bool)
+    ts = np.where(found, launch_ts[at] if len(keys) else 0.0, calls["ts"].to_numpy())
     return _step_of(ts, windows)
 
 

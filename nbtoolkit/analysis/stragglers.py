@@ -24,52 +24,87 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import as_trace
 
 if TYPE_CHECKING:
-    from nbtoolkit.model.trace import StragglerReport, Trace
+    import pandas as pd
 
-__all__ = ["stragglers"]
+    from nbtoolkit.model.trace import StragglerReport, Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+__all__ = ["stragglers", "summary_stragglers"]
 
 
 def stragglers(
-    trace: Trace, *, threshold_pct: float = 5.0, include_last_step: bool = False
+    trace: Trace | TraceSummary, *, threshold_pct: float = 5.0, include_last_step: bool = False
 ) -> StragglerReport:
-    """Per-rank step, work and communication-wait times, and the slowest rank (see the module docstring)."""
-    trace = as_trace(trace, what="stragglers()")
-    import pandas as pd
+    """Per-rank step, work and communication-wait times, and the slowest rank (see the module docstring).
 
+    ``trace`` may be a :class:`~nbtoolkit.model.trace_summary.TraceSummary` (``nbt.summarize_traces``):
+    the numbers are the same, read from its per-rank results (its own ``include_last_step``).
+    """
+    from nbtoolkit.model.trace_summary import TraceSummary
+
+    if isinstance(trace, TraceSummary):
+        return summary_stragglers(trace, threshold_pct=threshold_pct)
+    trace = as_trace(trace, what="stragglers()")
     from nbtoolkit.analysis import _kernels as k
     from nbtoolkit.analysis.overlap import comm_comp_overlap
+
+    overlap = comm_comp_overlap(trace, include_last_step=include_last_step)
+    spans = {
+        rank: float((frame["ts"] + frame["dur"]).max() - frame["ts"].min())
+        for rank, frame in trace.events.items()
+    }
+    filtered = k.count_step_labels(trace) >= 2 and not include_last_step
+    return _report(trace.ranks, overlap, trace.steps, spans, filtered=filtered, threshold_pct=threshold_pct)
+
+
+@provides("TraceSummary.stragglers")
+def summary_stragglers(summary: TraceSummary, *, threshold_pct: float = 5.0) -> StragglerReport:
+    """:func:`stragglers` of a TraceSummary (its per-rank overlap, steps and spans)."""
+    spans = {int(r.rank): float(r.last_us - r.first_us) for r in summary.spans.itertuples(index=False)}
+    filtered = len(summary.step_labels) >= 2 and not summary.include_last_step
+    return _report(
+        summary.ranks, summary.overlap, summary.steps, spans, filtered=filtered, threshold_pct=threshold_pct
+    )
+
+
+def _report(
+    ranks: list[int],
+    overlap_table: pd.DataFrame,
+    steps: pd.DataFrame,
+    spans_us: dict[int, float],
+    *,
+    filtered: bool,
+    threshold_pct: float,
+) -> StragglerReport:
+    import pandas as pd
+
     from nbtoolkit.model.trace import StragglerReport
 
-    overlap = comm_comp_overlap(trace, include_last_step=include_last_step).set_index("rank")
-    steps = trace.steps
-    filtered = k.count_step_labels(trace) >= 2 and not include_last_step
-    rows = []
-    for rank in trace.ranks:
-        rank_steps = steps[steps["rank"] == rank].sort_values("step")
-        if filtered and len(rank_steps) >= 2:
-            rank_steps = rank_steps.iloc[:-1]  # the same steps the overlap analysis used
-        if len(rank_steps):
-            n_steps = len(rank_steps)
-            step_ms = float(rank_steps["dur"].mean()) / 1e3
-        else:
-            frame = trace.events[rank]
-            n_steps = 1
-            step_ms = float((frame["ts"] + frame["dur"]).max() - frame["ts"].min()) / 1e3
-        exposed = float(overlap.loc[rank, "exposed_comm_us"]) / 1e3 / n_steps
-        comm = float(overlap.loc[rank, "comm_time_us"]) / 1e3 / n_steps
-        rows.append(
-            {
-                "rank": rank,
-                "steps": n_steps,
-                "step_time_ms": step_ms,
-                "comm_ms": comm,
-                "exposed_comm_ms": exposed,
-                "work_ms": step_ms - exposed,
-            }
-        )
+    overlap = overlap_table.set_index("rank").reindex(ranks)
+    steps = steps.sort_values(["rank", "step"], kind="stable")
+    if filtered:  # the same steps the overlap analysis used: a rank's last step left out (when it has two)
+        per_rank = steps.groupby("rank")["step"].transform("size").to_numpy()
+        is_last = ~steps["rank"].duplicated(keep="last").to_numpy()
+        steps = steps[~(is_last & (per_rank >= 2))]
+    counted = steps.groupby("rank")["dur"].agg(["size", "mean"]).reindex(ranks)
+    has_steps = counted["size"].fillna(0).to_numpy() > 0
+    n_steps = np.where(has_steps, counted["size"].fillna(1).to_numpy(), 1.0)
+    span_ms = np.array([spans_us[r] for r in ranks], dtype=np.float64) / 1e3
+    step_ms = np.where(has_steps, counted["mean"].to_numpy() / 1e3, span_ms)
+    exposed = overlap["exposed_comm_us"].to_numpy(dtype=np.float64) / 1e3 / n_steps
+    comm = overlap["comm_time_us"].to_numpy(dtype=np.float64) / 1e3 / n_steps
+    rows = {
+        "rank": ranks,
+        "steps": n_steps.astype(np.int64),
+        "step_time_ms": step_ms,
+        "comm_ms": comm,
+        "exposed_comm_ms": exposed,
+        "work_ms": step_ms - exposed,
+    }
     table = pd.DataFrame(rows)
     median = float(table["work_ms"].median())
     table["slowdown_pct"] = 100.0 * (table["work_ms"] / median - 1.0) if median > 0 else np.nan

@@ -57,6 +57,7 @@ def profile(
     """
     from nbtoolkit.capture.torch_profiler import record_step_trace, temporary_trace_file
     from nbtoolkit.io.kineto import load_trace
+    from nbtoolkit.io.kineto_args import attach_event_args
 
     keep = trace_path is not None
     where = (
@@ -75,6 +76,7 @@ def profile(
             with_stack=with_stack,
         )
         trace = load_trace(out)
+        attach_event_args(trace)  # shapes and sync arguments, read before the temporary file goes
     for info in trace.info.values():
         # load_trace notes that a temporary file name carries no rank; here we know why.
         info.notes = [n for n in info.notes if "file name" not in n]

@@ -40,6 +40,8 @@ from nbtoolkit.model.cluster import (
 if TYPE_CHECKING:
     from nbtoolkit.cluster.connection import Attachment
     from nbtoolkit.cluster.ranks import RankGroup
+    from nbtoolkit.model.trace import Trace
+    from nbtoolkit.model.trace_summary import TraceSummary
 
 __all__ = ["Cluster", "ClusterStatus", "OutputCallback", "RemoteCellError", "RemoteRun", "parse_ranks"]
 
@@ -378,6 +380,23 @@ class Cluster(ClusterTransfer, Result):
         from nbtoolkit.model._providers import provided
 
         return provided("Cluster.plan_recompute")(self, model_fn, batch_fn, **options)
+
+    def summarize_traces(self, where: str | Path, **options: Any) -> TraceSummary:
+        """Summarize the rank traces ``where`` names on the nodes holding them (a TraceSummary).
+
+        Each node parses its own files; only per-rank summaries come back
+        (:mod:`nbtoolkit.cluster.trace_summaries`). Options as ``nbt.summarize_traces``:
+        ``cache=``, ``on_error=``, ``include_last_step=``.
+        """
+        from nbtoolkit.cluster.trace_summaries import summarize_on_cluster
+
+        return summarize_on_cluster(self, str(where), **options)
+
+    def load_trace_ranks(self, summary: TraceSummary, ranks: list[int], *, cache: bool = False) -> Trace:
+        """The events of a few ranks of a cluster-made TraceSummary, read on their nodes (for lanes)."""
+        from nbtoolkit.cluster.trace_summaries import load_ranks_on_cluster
+
+        return load_ranks_on_cluster(self, summary, list(ranks), cache=cache)
 
     def __enter__(self) -> Cluster:
         return self

@@ -170,7 +170,11 @@ def _ints(file: Path, what: str, items: list[Any], get: Callable[[Any], Any]) ->
             f"{file}: {what} value {bad} does not fit in 64 bits; the trace is corrupt"
         ) from None
     except (TypeError, ValueError):
-        return np.array([_as_int(v) for v in values], dtype=np.int64)
+        # one odd value (a "Spans" pid) sends the whole chunk here: keep the ints' path call-free
+        low, high = -_INT64_MAX - 1, _INT64_MAX
+        return np.array(
+            [v if type(v) is int and low <= v <= high else _as_int(v) for v in values], dtype=np.int64
+        )
 
 
 def _as_int(value: Any) -> int:

@@ -19,9 +19,15 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import RankInfo
 
-__all__ = ["check_same_job", "detect_device_type", "read_rank_info"]
+__all__ = ["check_same_job", "detect_device_type", "rank_from_file_name", "read_rank_info"]
 
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_file_name(name: str) -> int | None:
+    """The rank a file name states (the last ``rankN``/``workerN`` in it), or None."""
+    matches = list(_RANK_IN_NAME_RE.finditer(name))
+    return int(matches[-1].group(1)) if matches else None
 
 
 def read_rank_info(file: Path, doc: Document) -> RankInfo:

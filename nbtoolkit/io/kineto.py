@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from nbtoolkit.model.trace import RankInfo
 
 # parse_profiler_step lives in nbtoolkit.model.steps; re-exported here, where it used to be.
-__all__ = ["load_trace", "parse_profiler_step"]
+__all__ = ["load_rank_file", "load_trace", "parse_profiler_step"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -83,6 +83,29 @@ def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None
     finally:
         if gc_was_enabled:
             gc.enable()
+
+
+def load_rank_file(file: Path) -> Trace:
+    """One trace file as a one-rank Trace; NotATrace (not a TraceError) for valid JSON that is no trace.
+
+    What the parallel readers (:mod:`nbtoolkit.io.trace_summaries`) call per file: they tell a
+    stray JSON file (a note) from a corrupt trace (a failed rank).
+    """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # see load_trace
+    try:
+        with read_limit(None):
+            loaded = _load_file(file)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    trace = Trace(
+        events={loaded.info.rank: loaded.events},
+        info={loaded.info.rank: loaded.info},
+        collectives={loaded.info.rank: loaded.collectives},
+    )
+    trace._steps = steps_table([loaded.steps])
+    return trace
 
 
 @provides("Trace.from_path")

@@ -37,14 +37,16 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.io.bounded import read_all, read_limit
+from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
+from nbtoolkit.model.snapshot_columns import SnapshotFilter
 from nbtoolkit.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_ROWS",
     "ENV_MAX_SNAPSHOT_ROWS",
+    "STREAM_ABOVE_BYTES",
     "load_memory_snapshot",
     "load_memory_timeline",
     "restricted_loads",
@@ -61,18 +64,6 @@ __all__ = [
 
 ENV_MAX_SNAPSHOT_ROWS = "NBT_MAX_SNAPSHOT_ROWS"
 DEFAULT_MAX_SNAPSHOT_ROWS = 5_000_000
-
-
-class _RefusingUnpickler(pickle.Unpickler):
-    """An unpickler that resolves no global: builtin containers and scalars only."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        # Called for GLOBAL/STACK_GLOBAL/INST/OBJ/EXT*: the only way a pickle can reach a
-        # callable. Refusing here means REDUCE/BUILD/NEWOBJ have nothing to call.
-        raise SnapshotError(f"refused: the pickle tries to load {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise SnapshotError(f"refused: the pickle uses a persistent id ({str(pid)[:60]!r})")
 
 
 def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
@@ -83,25 +74,11 @@ def restricted_loads(data: bytes, *, name: str = "<bytes>") -> Any:
     import anything; in that case nothing from the pickle has been executed.
     """
     try:
-        return _RefusingUnpickler(io.BytesIO(data)).load()
+        return RefusingUnpickler(io.BytesIO(data)).load()
     except SnapshotError as exc:
         raise SnapshotError(f"{name}: {exc}") from None
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        KeyError,
-        IndexError,
-        TypeError,
-        AttributeError,
-        UnicodeDecodeError,
-        OverflowError,
-        MemoryError,
-    ) as exc:
-        raise SnapshotError(
-            f"{name} is not a readable memory snapshot (corrupt or truncated pickle: "
-            f"{type(exc).__name__}: {exc}); re-dump it with torch.cuda.memory._dump_snapshot()"
-        ) from None
+    except UNPICKLING_ERRORS as exc:
+        raise corrupt_pickle(name, exc) from None
 
 
 def _read_bytes(path: Path, *, what: str = "memory snapshot") -> bytes:
@@ -189,7 +166,12 @@ def _as_snapshot_dict(raw: Any, source: str) -> dict[str, Any]:
 
 
 def _from_raw(
-    raw: Any, source: str, *, in_memory: bool = False, max_rows: object = None
+    raw: Any,
+    source: str,
+    *,
+    in_memory: bool = False,
+    max_rows: object = None,
+    keep: SnapshotFilter | None = None,
 ) -> MemorySnapshot:
     """The snapshot from unpickled data; ``source`` names it in errors (and in the result, from a file)."""
     from nbtoolkit.model.snapshot import MemorySnapshot
@@ -197,9 +179,17 @@ def _from_raw(
     snapshot = _as_snapshot_dict(raw, source)
     _count_rows(snapshot, source, _max_rows(max_rows))
     try:
-        return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source)
+        return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
     # RecursionError: a value nested thousands deep, which str() cannot print
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+        OverflowError,
+    ) as exc:
         raise SnapshotError(
             f"{source} looks like an allocator snapshot but a field is missing or malformed "
             f"({type(exc).__name__}: {exc})"
@@ -211,6 +201,10 @@ def load_memory_snapshot(
     *,
     max_bytes: int | str | None = None,
     max_rows: int | None = None,
+    devices: int | Iterable[int] | None = None,
+    time_range_us: tuple[float | None, float | None] | None = None,
+    stream: bool | None = None,
+    history: bool = True,
 ) -> MemorySnapshot:
     """A CUDA allocator snapshot as a :class:`~nbtoolkit.model.snapshot.MemorySnapshot`, from wherever it is.
 
@@ -225,6 +219,18 @@ def load_memory_snapshot(
             ``NBT_MAX_READ_BYTES``, else 8 GiB (:mod:`nbtoolkit.io.bounded`).
         max_rows: refuse a snapshot standing for more segments + blocks + trace entries than
             this; default ``NBT_MAX_SNAPSHOT_ROWS``, else 5 million (see the module docstring).
+            When streaming, the rows *kept* count, and the default grows with the file
+            (one row per 16 bytes of pickle at most: each row is a dict of its own in the file).
+        devices: keep only these devices (an int or several); applied while reading.
+        time_range_us: ``(start, end)`` in the snapshot's own ``time_us`` clock (either may be
+            None): keep the trace entries and annotations inside it; applied while reading.
+            Segments and blocks (the state at the end) are kept whole.
+        history: False reads segments and blocks only (what ``stats()`` and the segment views
+            need): no trace entries, no annotations. Streaming then stops reading the file
+            where the history begins (torch writes it after the segments).
+        stream: read the file in bounded memory (:mod:`nbtoolkit.io.snapshot_stream`): about the
+            size of the file at most instead of 5-10 times it. Default: for files over
+            ``STREAM_ABOVE_BYTES`` (64 MiB) and gzip files.
 
     Raises:
         SnapshotError: the file is missing, not a regular file, over the read limit, corrupt,
@@ -237,24 +243,81 @@ def load_memory_snapshot(
     if isinstance(path, MemorySnapshot):
         return path
     if isinstance(path, (dict, list)):  # what torch.cuda.memory._snapshot() returns, in memory
-        return _from_raw(path, "the snapshot given", in_memory=True, max_rows=max_rows)
+        return _from_raw(
+            path,
+            "the snapshot given",
+            in_memory=True,
+            max_rows=max_rows,
+            keep=_snapshot_filter(devices, time_range_us, history),
+        )
     if not is_path(path):
         raise wrong_type(
             "load_memory_snapshot()",
             "a file path, the dict from torch.cuda.memory._snapshot(), or a MemorySnapshot",
             path,
         )
+    keep = _snapshot_filter(devices, time_range_us, history)
     source = Path(path).expanduser()
     if source.is_dir() and (source / "snapshot.json").is_file():
         return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
     with read_limit(max_bytes):
+        if _should_stream(source, stream):
+            from nbtoolkit.io.snapshot_stream import stream_snapshot
+
+            # Streaming, each kept row was a dict of its own in the file (16 bytes at least).
+            budget = (
+                _max_rows(max_rows)
+                if max_rows is not None or os.environ.get(ENV_MAX_SNAPSHOT_ROWS)
+                else max(DEFAULT_MAX_SNAPSHOT_ROWS, source.stat().st_size // 16)
+            )
+            streamed = stream_snapshot(source, keep=keep, max_rows=budget)
+            if streamed is not None:
+                return streamed
         data = _read_bytes(source)
     if _looks_like_json(data):
         raise SnapshotError(
             f"{source} is JSON, not an allocator snapshot pickle; if it is the profiler's "
             "export_memory_timeline output, read it with nbt.load_memory_timeline(path)"
         )
-    return _from_raw(restricted_loads(data, name=str(source)), str(source), max_rows=max_rows)
+    return _from_raw(restricted_loads(data, name=str(source)), str(source), max_rows=max_rows, keep=keep)
+
+
+#: files larger than this are read streaming by default (load_memory_snapshot(stream=None))
+STREAM_ABOVE_BYTES = 64 << 20
+
+
+def _should_stream(source: Path, stream: bool | None) -> bool:
+    if stream is not None:
+        return stream and source.is_file()
+    try:
+        return source.is_file() and source.stat().st_size > STREAM_ABOVE_BYTES
+    except OSError:
+        return False
+
+
+def _snapshot_filter(
+    devices: int | Iterable[int] | None,
+    time_range_us: tuple[float | None, float | None] | None,
+    history: bool = True,
+) -> SnapshotFilter:
+    kept: frozenset[int] | None = None
+    if devices is not None:
+        try:
+            kept = frozenset([int(devices)] if isinstance(devices, int) else (int(d) for d in devices))
+        except (TypeError, ValueError):
+            raise NbtUsageError(f"devices= takes a device number or several, got {devices!r}") from None
+    window: tuple[float | None, float | None] | None = None
+    if time_range_us is not None:
+        try:
+            start, end = time_range_us
+            window = (None if start is None else float(start), None if end is None else float(end))
+        except (TypeError, ValueError):
+            raise NbtUsageError(
+                f"time_range_us= takes (start, end) in the snapshot's time_us clock, got {time_range_us!r}"
+            ) from None
+        if window[0] is not None and window[1] is not None and window[0] > window[1]:
+            raise NbtUsageError(f"time_range_us=({start}, {end}) starts after it ends")
+    return SnapshotFilter(devices=kept, time_range_us=window, history=bool(history))
 
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------

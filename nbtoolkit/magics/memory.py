@@ -2,6 +2,9 @@
 
 Each shows what a script calling that function gets: the MemoryTimeline or MemorySnapshot
 and its summary. Their figures are one call away (``_nbt.figure()``) and in ``%nbt report``.
+In a widget front end (see :mod:`nbtoolkit.views.timeline_widget_static`; ``--widget`` /
+``--static`` decide per call) the zoomable memory widget shows above the summary and is kept
+as ``NAME_widget`` (``_nbt_widget`` by default) so that ``_nbt_widget.selected`` reads a click.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 from typing import Any
 
 from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
+from nbtoolkit.magics.trace import DISPLAY_ARGUMENTS, show_widget
 
 # Accepted so that old cells still run: the magics show no figure of their own any more.
 _NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS)
@@ -21,13 +25,33 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
 
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
     with DelayedProgress(f"recording the cell's memory (runs: {args.steps})", delay_s=CELL_DELAY_S):
-        return memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
+        timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
+    _show_memory_widget(args, call, timeline)
+    return timeline
 
 
 def _snapshot(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.snapshot import load_memory_snapshot
 
-    return load_memory_snapshot(call.resolve(args.snapshot))
+    snapshot = load_memory_snapshot(call.resolve(args.snapshot))
+    if len(snapshot.trace):  # a snapshot without allocation history has no timeline to show
+        _show_memory_widget(args, call, snapshot)
+    return snapshot
+
+
+def _show_memory_widget(args: argparse.Namespace, call: MagicCall, source: Any) -> None:
+    """In a widget front end, show the memory widget above the summary and keep it as NAME_widget."""
+    from nbtoolkit.views.timeline_widget_static import widgets_enabled
+
+    if not show_widget(args, widgets_enabled):
+        return
+    from IPython.display import display
+
+    from nbtoolkit.views.timeline_widget import memory_widget
+
+    widget = memory_widget(source)
+    call.user_ns[f"{args.name}_widget"] = widget
+    display(widget)
 
 
 register(
@@ -44,6 +68,7 @@ register(
             ),
             Argument("--model", default=None, help="the model variable: names modules, counts its tensors"),
             Argument("--optimizer", default=None, help="the optimizer variable: counts its state"),
+            *DISPLAY_ARGUMENTS,
             _NO_FIGURE,
         ),
         handler=_memory,
@@ -59,6 +84,7 @@ register(
             Argument(
                 "snapshot", help="a snapshot file from torch.cuda.memory._dump_snapshot(), or a variable"
             ),
+            *DISPLAY_ARGUMENTS,
             _NO_FIGURE,
         ),
         handler=_snapshot,

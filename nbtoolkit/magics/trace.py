@@ -35,9 +35,36 @@ def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.kineto import load_trace
+    from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget, widgets_enabled
     from nbtoolkit.views.trace_views import TraceReport
 
-    return TraceReport.of(load_trace(call.resolve(args.traces)))
+    trace = load_trace(call.resolve(args.traces))
+    report = TraceReport.of(trace)
+    if not show_widget(args, widgets_enabled):
+        return report
+    from nbtoolkit.views.timeline_widget import timeline_widget
+
+    return TraceReportWithWidget.of_report(report, timeline_widget(trace))
+
+
+def show_widget(args: argparse.Namespace, auto: Any) -> bool:
+    """--widget / --static for this call, else the front end's default (``auto()``)."""
+    if args.widget and args.static:
+        from nbtoolkit.errors import NbtUsageError
+
+        raise NbtUsageError("--widget and --static exclude each other: pick one")
+    return bool(args.widget or (not args.static and auto()))
+
+
+# Shared by the magics that can show a timeline widget (trace, memory, snapshot).
+DISPLAY_ARGUMENTS = (
+    Argument(
+        "--static",
+        action="store_true",
+        help="static figure and text, no widget (the default outside widget front ends; see NBT_WIDGETS)",
+    ),
+    Argument("--widget", action="store_true", help="the zoomable timeline widget, whatever the front end"),
+)
 
 
 _TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
@@ -89,7 +116,7 @@ register(
         name="trace",
         summary="timeline, steps, breakdowns and overlap of traces or a Trace variable",
         mode="line",
-        arguments=(_TRACES,),
+        arguments=(_TRACES, *DISPLAY_ARGUMENTS),
         handler=_trace,
     )
 )

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_bytes, format_seconds  # re-exported: older imports name them here
 
@@ -203,6 +204,16 @@ class Comparison(Result):
     def memory_ratio(self) -> float:
         """after peak / before peak (below 1 means less memory)."""
         return self.after.peak_bytes / self.before.peak_bytes if self.before.peak_bytes > 0 else math.nan
+
+    def memory_diff(self) -> Any:
+        """What grew or shrank in memory from before to after (``nbt.memory_diff``), or None.
+
+        By category at each side's peak, from the measurements ``nbt.optimize`` took; None when
+        a side has no memory data (``optimize(..., measure=MeasureConfig(memory=False))``).
+        """
+        if not (self.before.peak_by_category and self.after.peak_by_category):
+            return None
+        return provided("Comparison.memory_diff")(self.before, self.after, labels=("before", "after"))
 
     def table(self) -> pd.DataFrame:
         """One row per metric: ``metric``, ``before``, ``after``, ``change`` (after/before)."""

@@ -248,6 +248,19 @@ class MemoryTimeline(Result):
         table = provided("MemoryTimeline.compare")(self.events, other.events, labels=labels)
         return MemoryComparison(table=table, labels=labels)
 
+    # -- Mosaic-style analyses (nbtoolkit.analysis.memory_breakdown / memory_diff) --------
+    def peak_stack(self) -> Any:
+        """The peak, what is alive at it and the stacks that allocated it (a PeakStack)."""
+        return provided("MemoryTimeline.peak_stack")(self)
+
+    def memory_by(self, by: str = "category", *, pattern: str | None = None) -> pd.DataFrame:
+        """Memory grouped by category, module, phase, stack or a regex ``pattern`` over frames."""
+        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern)
+
+    def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
+        """What grew from this timeline to ``other``, by category and by stack (a MemoryDiff)."""
+        return provided("Comparison.memory_diff")(self, other, labels=labels)
+
     def figure(self, **options: Any) -> Any:
         """The stacked-area plot by category with phase bands and a module lane (plotly)."""
         return provided("MemoryTimeline.figure")(self, **options)

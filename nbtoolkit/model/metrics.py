@@ -422,7 +422,15 @@ def attach_step_metrics(measurement: Any, metrics: StepMetrics) -> Any:
 def _labelled(
     runs: Mapping[str, StepMetrics] | Iterable[StepMetrics | tuple[str, StepMetrics]],
 ) -> list[tuple[Any, StepMetrics]]:
-    items: Iterable[Any] = runs.items() if isinstance(runs, Mapping) else runs
+    if isinstance(runs, Mapping):
+        items: Iterable[Any] = runs.items()
+    elif isinstance(runs, Iterable) and not isinstance(runs, (str, bytes)):
+        items = runs
+    else:
+        raise NbtUsageError(
+            f"expected step metrics, got a {type(runs).__name__}: pass a StepMetrics, a list of them, "
+            "(label, StepMetrics) pairs or a mapping label -> StepMetrics (results of nbt.step_metrics)"
+        )
     labelled: list[tuple[Any, StepMetrics]] = []
     for position, item in enumerate(items):
         if isinstance(item, StepMetrics):

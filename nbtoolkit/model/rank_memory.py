@@ -112,6 +112,10 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
             f"{ratio:.2f}x the lowest rank's peak; its peak is mostly {dominant}"
         )
 
+    def imbalance_report(self) -> Any:
+        """Which rank peaks highest and why: the category and the stacks that differ (MemoryImbalance)."""
+        return provided("RankMemory.imbalance_report")(self)
+
     def figure(self, **options: Any) -> Any:
         """Total allocated bytes per rank over time, and each rank's peak by category (plotly)."""
         return provided("RankMemory.figure")(self, **options)

@@ -29,14 +29,14 @@ is in :mod:`nbtoolkit.model.snapshot_timeline`.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.snapshot_stacks import StackInterner
+from nbtoolkit.model.snapshot_capacity import capacity_check, impossible_notes
+from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
 from nbtoolkit.model.snapshot_timeline import snapshot_events
 from nbtoolkit.units import format_bytes, memory_viz_size
 
@@ -110,136 +110,64 @@ class MemorySnapshot(Result):
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     legacy_segment_list: bool = False
+    #: what the reader wants the user to know (filters applied, impossible totals)
+    notes: list[str] = field(default_factory=list)
+    #: per stack: Mosaic's category of it (nbtoolkit.model.snapshot_mosaic); [] in older saves
+    stack_mosaic: list[str] = field(default_factory=list)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, snapshot: dict[str, Any], *, source: str = "") -> MemorySnapshot:
-        """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely)."""
-        import pandas as pd
+    def from_dict(
+        cls, snapshot: dict[str, Any], *, source: str = "", keep: SnapshotFilter | None = None
+    ) -> MemorySnapshot:
+        """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely).
 
-        interner = StackInterner()
-        seg_rows = []
-        block_rows = []
-        for index, seg in enumerate(snapshot.get("segments") or []):
-            seg_rows.append(
-                (
-                    index,
-                    int(seg.get("device", 0)),
-                    int(seg["address"]),
-                    int(seg["total_size"]),
-                    int(seg.get("allocated_size", 0)),
-                    int(seg.get("active_size", 0)),
-                    int(seg.get("requested_size", 0)),
-                    int(seg.get("stream", 0)),
-                    str(seg.get("segment_type", "")),
-                    str(seg.get("segment_pool_id", "")),
-                    bool(seg.get("is_expandable", False)),
-                )
-            )
-            offset = 0
-            for block in seg.get("blocks") or []:
-                size = int(block["size"])
-                if "frames" in block:
-                    requested = int(block.get("requested_size", size))
-                    frames = block["frames"]
-                elif block.get("history"):
-                    requested = int(block["history"][0].get("real_size", size))
-                    frames = block["history"][0].get("frames", [])
-                else:
-                    requested = int(block.get("requested_size", size))
-                    frames = []
-                block_rows.append(
-                    (
-                        index,
-                        int(seg.get("device", 0)),
-                        int(block.get("address", int(seg["address"]) + offset)),
-                        offset,
-                        size,
-                        requested,
-                        str(block.get("state", "")),
-                        interner.intern(frames),
-                    )
-                )
-                offset += size
-        segments = pd.DataFrame(
-            seg_rows,
-            columns=[
-                "segment",
-                "device",
-                "address",
-                "total_size",
-                "allocated_size",
-                "active_size",
-                "requested_size",
-                "stream",
-                "segment_type",
-                "pool",
-                "is_expandable",
-            ],
-        )
-        blocks = pd.DataFrame(
-            block_rows,
-            columns=["segment", "device", "address", "offset", "size", "requested_size", "state", "stack_id"],
-        )
-        trace_rows = []
+        ``keep``: devices and a time range to keep (see :mod:`nbtoolkit.model.snapshot_columns`).
+        """
+        columns = SnapshotColumns(keep)
+        columns.add_segments(list(snapshot.get("segments") or []))
         for device, entries in enumerate(snapshot.get("device_traces") or []):
-            for seq, entry in enumerate(entries or []):
-                time_us = entry.get("time_us")
-                trace_rows.append(
-                    (
-                        device,
-                        seq,
-                        str(entry.get("action", "")),
-                        int(entry.get("addr", 0)),
-                        int(entry.get("size", 0)),
-                        int(entry.get("stream", 0)),
-                        float(time_us) if time_us is not None else math.nan,
-                        str(entry.get("compile_context", "")),
-                        str(entry.get("user_metadata", "")),
-                        int(entry.get("device_free", -1)),
-                        interner.intern(entry.get("frames")),
-                    )
-                )
-        trace = pd.DataFrame(
-            trace_rows,
-            columns=[
-                "device",
-                "seq",
-                "action",
-                "addr",
-                "size",
-                "stream",
-                "time_us",
-                "compile_context",
-                "user_metadata",
-                "device_free",
-                "stack_id",
-            ],
-        )
-        annotations = pd.DataFrame(
-            [
-                (
-                    int(a.get("device", 0)),
-                    str(a.get("stage", "")),
-                    str(a.get("name", "")),
-                    float(a.get("time_us", math.nan)),
-                )
-                for a in snapshot.get("external_annotations") or []
-            ],
-            columns=["device", "stage", "name", "time_us"],
-        )
-        return cls(
-            segments=segments,
-            blocks=blocks,
-            trace=trace,
-            annotations=annotations,
-            stacks=interner.stacks,
-            stack_hints=interner.hints,
-            stack_sources=interner.sources,
-            allocator_settings=dict(snapshot.get("allocator_settings") or {}),
+            columns.add_trace(device, list(entries or []))
+        columns.add_annotations(snapshot.get("external_annotations") or [])
+        return cls.from_columns(
+            columns,
             source=source,
+            allocator_settings=dict(snapshot.get("allocator_settings") or {}),
             legacy_segment_list=bool(snapshot.get("legacy_segment_list", False)),
         )
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: SnapshotColumns,
+        *,
+        source: str = "",
+        allocator_settings: dict[str, Any] | None = None,
+        legacy_segment_list: bool = False,
+    ) -> MemorySnapshot:
+        """The snapshot from columns filled batch by batch (what the streaming reader builds)."""
+        frames = columns.frames()
+        notes = []
+        if columns.keep.active:
+            notes.append(f"filtered while reading: {columns.keep.describe()}")
+        if columns.keep.time_range_us is not None and columns.untimed_entries:
+            notes.append(
+                f"{columns.untimed_entries:,} trace entries record no time_us and were kept: "
+                "the time range could not apply to them"
+            )
+        snapshot = cls(
+            **frames,
+            stacks=columns.interner.stacks,
+            stack_hints=columns.interner.hints,
+            stack_sources=columns.interner.sources,
+            stack_mosaic=columns.interner.mosaic,
+            allocator_settings=dict(allocator_settings or {}),
+            source=source,
+            legacy_segment_list=legacy_segment_list,
+            notes=notes,
+        )
+        snapshot.notes.extend(impossible_notes(snapshot))
+        return snapshot
 
     # -- persistence -------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -260,6 +188,8 @@ class MemorySnapshot(Result):
             "allocator_settings": self.allocator_settings,
             "source": self.source,
             "legacy_segment_list": self.legacy_segment_list,
+            "notes": self.notes,
+            "stack_mosaic": self.stack_mosaic,
         }
         (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
         return folder
@@ -293,6 +223,8 @@ class MemorySnapshot(Result):
             allocator_settings=dict(meta.get("allocator_settings", {})),
             source=str(meta.get("source", "")),
             legacy_segment_list=bool(meta.get("legacy_segment_list", False)),
+            notes=list(meta.get("notes", [])),
+            stack_mosaic=list(meta.get("stack_mosaic", [])),
         )
 
     # -- the allocator's view ----------------------------------------------------------
@@ -395,6 +327,34 @@ class MemorySnapshot(Result):
             }
         )
 
+    def capacity_check(self, capacity_bytes: int | dict[int, int] | None = None) -> pd.DataFrame:
+        """Per device: reserved and allocated bytes against the device's capacity, and any problem.
+
+        See :mod:`nbtoolkit.model.snapshot_capacity` (a given capacity, what an OOM entry states,
+        the largest device made). Impossible totals are also in :attr:`notes` from loading.
+        """
+        return capacity_check(self, capacity_bytes)
+
+    # -- analyses (nbtoolkit.analysis.memory_breakdown / memory_diff) -------------------
+    def peak_stack(self, device: int | None = None) -> Any:
+        """The peak of ``device``'s timeline, what is alive then and the stacks (a PeakStack)."""
+        return provided("MemoryTimeline.peak_stack")(self, device=device)
+
+    def memory_by(
+        self, by: str = "category", *, pattern: str | None = None, device: int | None = None
+    ) -> Any:
+        """Memory grouped by category, annotation, compile_context, user_metadata, stack or a
+        regex ``pattern`` over frames (``nbtoolkit.analysis.memory_breakdown.memory_by``)."""
+        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern, device=device)
+
+    def mosaic_peak(self, device: int | None = None) -> pd.DataFrame:
+        """Bytes per Mosaic category at Mosaic's peak (``analysis.memory_breakdown.mosaic_peak``)."""
+        return provided("MemorySnapshot.mosaic_peak")(self, device=device)
+
+    def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
+        """What grew from this snapshot to ``other`` (a MemoryDiff; ``nbt.memory_diff``)."""
+        return provided("Comparison.memory_diff")(self, other, labels=labels)
+
     def devices(self) -> list[int]:
         """Devices with segments or trace entries, sorted."""
         found = set(self.segments["device"].tolist()) | set(self.trace["device"].tolist())
@@ -441,6 +401,7 @@ class MemorySnapshot(Result):
             f"{len(self.blocks):,} blocks, {len(self.trace):,} trace entries on devices {self.devices()}"
         )
         lines = [head, *("  " + line for line in stats.lines())]
+        lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  fragmentation of free memory: {100 * self.fragmentation():.1f}%")
         if len(self.ooms):
             lines.append(f"  out-of-memory events recorded: {len(self.ooms)}")
@@ -466,9 +427,10 @@ class MemorySnapshot(Result):
                 "OOM events": [len(self.ooms)],
             }
         )
+        notes = "".join(f"<p><i>{escape(note)}</i></p>" for note in self.notes)
         return (
             f"<div class='nbt-snapshot'><b>MemorySnapshot</b> {escape(self.source)}"
-            f"{html_table(summary)}</div>"
+            f"{html_table(summary)}{notes}</div>"
         )
 
 

@@ -15,9 +15,12 @@ its index. Per stack it keeps:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-__all__ = ["StackInterner", "format_stack", "stack_hint", "user_source"]
+from nbtoolkit.model.snapshot_mosaic import category_of, frame_rules
+
+__all__ = ["StackInterner", "format_stack", "frame_info", "stack_hint", "user_source"]
 
 # Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
 _OMIT_FUNCTIONS = (
@@ -53,20 +56,27 @@ def _short_path(filename: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else filename
 
 
-def format_stack(frames: list[dict[str, Any]]) -> str:
-    """Python frames when there are any (what a user recognizes), else the filtered C++ frames."""
-    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
-    chosen = python or [
-        f
-        for f in frames
-        if not any(o in str(f.get("name", "")) for o in _OMIT_FUNCTIONS)
-        and not any(o in str(f.get("filename", "")) for o in _OMIT_FILES)
-    ]
-    lines = [
-        f"{_short_path(str(f.get('filename', '?')))}:{f.get('line', 0)} in {f.get('name', '?')}"
-        for f in chosen[:_MAX_STACK_LINES]
-    ]
-    return "\n".join(lines)
+_OMIT_FUNCTIONS_RE = re.compile("|".join(map(re.escape, _OMIT_FUNCTIONS)))
+_OMIT_FILES_RE = re.compile("|".join(map(re.escape, _OMIT_FILES)))
+
+
+def frame_info(frame: dict[str, Any]) -> tuple[bool, bool, str]:
+    """(is a Python frame, is allocator/interpreter machinery, its ``file:line in name`` text)."""
+    filename = str(frame.get("filename", "?"))
+    name = str(frame.get("name", "?"))
+    omitted = bool(_OMIT_FUNCTIONS_RE.search(name) or _OMIT_FILES_RE.search(filename))
+    return filename.endswith(".py"), omitted, f"{_short_path(filename)}:{frame.get('line', 0)} in {name}"
+
+
+def format_stack(frames: list[dict[str, Any]], info: Any = None) -> str:
+    """Python frames when there are any (what a user recognizes), else the filtered C++ frames.
+
+    ``info``: a function giving :func:`frame_info` of a frame (a cache of it), else computed.
+    """
+    described = list(map(info or frame_info, frames))
+    python = [d for d in described if d[0]]
+    chosen = python or [d for d in described if not d[1]]
+    return "\n".join(d[2] for d in chosen[:_MAX_STACK_LINES])
 
 
 class StackInterner:
@@ -74,11 +84,30 @@ class StackInterner:
 
     def __init__(self) -> None:
         self.stacks: list[str] = []
-        self._by_text: dict[str, int] = {}
+        self._by_text: dict[tuple[str, str], int] = {}
         self._by_identity: dict[int, int] = {}
         self._keep_alive: list[Any] = []
         self.hints: list[str] = []  # per stack: phase hint for the heuristics (see stack_hint)
         self.sources: list[str] = []  # per stack: innermost user-code frame
+        self.mosaic: list[str] = []  # per stack: Mosaic's category (nbtoolkit.model.snapshot_mosaic)
+        # torch shares frame dicts among stacks: each is described once (kept alive with its list).
+        self._frames: dict[int, tuple[bool, bool, str]] = {}
+        self._rules: dict[int, int] = {}
+
+    def _mosaic(self, frames: list[dict[str, Any]]) -> str:
+        bits = 0
+        for frame in frames:
+            found = self._rules.get(id(frame))
+            if found is None:
+                found = self._rules[id(frame)] = frame_rules(frame)
+            bits |= found
+        return category_of(bits)
+
+    def _frame_info(self, frame: dict[str, Any]) -> tuple[bool, bool, str]:
+        found = self._frames.get(id(frame))
+        if found is None:
+            found = self._frames[id(frame)] = frame_info(frame)
+        return found
 
     def intern(self, frames: Any) -> int:
         if not frames:
@@ -87,14 +116,18 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
-        text = format_stack(frames)
-        index = self._by_text.get(text)
+        text = format_stack(frames, self._frame_info)
+        # The text shows the Python frames only; stacks alike in it but told apart by their C++
+        # frames in Mosaic's rules (e.g. the autograd engine's) stay two stacks.
+        mosaic = self._mosaic(frames)
+        index = self._by_text.get((text, mosaic))
         if index is None:
             index = len(self.stacks)
             self.stacks.append(text)
-            self._by_text[text] = index
+            self._by_text[(text, mosaic)] = index
             self.hints.append(stack_hint(frames))
             self.sources.append(user_source(frames))
+            self.mosaic.append(mosaic)
         self._by_identity[key] = index
         self._keep_alive.append(frames)  # ids stay unique while we hold the objects
         return index

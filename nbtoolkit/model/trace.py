@@ -44,6 +44,8 @@ from nbtoolkit.model._result import Result, escape, html_table
 if TYPE_CHECKING:
     import pandas as pd
 
+    from nbtoolkit.model.trace_summary import TraceSummary
+
 __all__ = ["KernelBreakdown", "RankInfo", "StragglerReport", "Trace"]
 
 _FORMAT_VERSION = 1
@@ -150,6 +152,17 @@ class Trace(Result):
         table = steps.pivot_table(index="step", columns="rank", values="dur", aggfunc="max") / 1e3
         table.columns = [f"rank {c}" for c in table.columns]
         return table
+
+    def summarize(self, *, include_last_step: bool = False, step_labels: Iterable[str] = ()) -> TraceSummary:
+        """Per-rank overlap (by rank and step), steps and spans, without the events (see TraceSummary).
+
+        ``step_labels``: ProfilerStep labels of the job's other ranks, when this Trace holds some
+        of them only (:mod:`nbtoolkit.analysis.rank_summary`).
+        """
+        summary: TraceSummary = provided("Trace.summarize")(
+            self, include_last_step=include_last_step, step_labels=step_labels
+        )
+        return summary
 
     # ---------------------------------------------------------------- summary
     def top_operators(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:

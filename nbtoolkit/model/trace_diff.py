@@ -20,11 +20,15 @@ class TraceDiff(Result):
     ``summary``: metric, before, after, delta, change_pct (step time and time per category);
     ``operators``: host operators whose self time per step changed most (ms);
     ``kernels``: the same for device kernels (None for CPU traces).
+    ``time_within_noise``: True when the two traces' step durations overlap in their middle halves
+    (25th to 75th percentile), the rule of ``Comparison.time_within_noise``: the step-time change
+    is then measurement noise, not a speed-up. None when either trace has fewer than 2 steps.
     """
 
     summary: pd.DataFrame
     operators: pd.DataFrame
     kernels: pd.DataFrame | None = None
+    time_within_noise: bool | None = None
 
     def _row(self, metric: str) -> pd.Series:
         return self.summary.set_index("metric").loc[metric]
@@ -37,6 +41,8 @@ class TraceDiff(Result):
         lines = ["Trace comparison (before -> after):"]
         for row in self.summary.itertuples(index=False):
             pct = "" if row.change_pct != row.change_pct else f"  ({row.change_pct:+.1f} %)"
+            if pct and row.metric == "step time (ms, median)" and self.time_within_noise:
+                pct += " within the steps' noise"
             lines.append(f"  {row.metric:34s} {row.before:10.3f} -> {row.after:10.3f}{pct}")
         for title, table in (
             ("Operators that changed most (self ms/step):", self.operators),
@@ -51,8 +57,12 @@ class TraceDiff(Result):
         return "\n".join(lines)
 
     def _html(self) -> str:
+        noise = (
+            "<p>The step-time change is within the steps' noise (their middle halves overlap).</p>"
+            if self.time_within_noise else ""
+        )
         parts = [
-            "<p><b>Trace comparison</b> (before → after)</p>",
+            f"<p><b>Trace comparison</b> (before → after)</p>{noise}",
             html_table(self.summary, float_format="{:,.3f}"),
         ]
         parts.append(

@@ -58,6 +58,8 @@ class ReportFile(Result):
 
 def _section_html(obj: Any) -> str:
     """The richest static HTML an object offers, else its text in a <pre>."""
+    if isinstance(obj, str):  # a note the user adds between results
+        return f"<p>{escape(obj)}</p>"
     bundle: Mapping[str, Any] | None = None
     if hasattr(obj, "_repr_mimebundle_"):
         try:
@@ -106,13 +108,30 @@ def _figures_of(obj: Any) -> list[Any]:
     return []
 
 
+def _can_show(obj: Any) -> bool:
+    """Whether a report section can show ``obj``: a result, a figure, text, or anything with a
+    rich representation (a pandas frame, a Styler). A bare number has nothing to show."""
+    return (
+        isinstance(obj, (Result, str))
+        or _is_plotly_figure(obj)
+        or hasattr(obj, "_repr_html_")
+        or hasattr(obj, "_repr_mimebundle_")
+    )
+
+
 def _normalize(items: Iterable[Any]) -> list[tuple[str, Any]]:
     named: list[tuple[str, Any]] = []
     for index, item in enumerate(items, start=1):
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            named.append((item[0], item[1]))
+            heading, obj = item
         else:
-            named.append((f"{type(item).__name__} {index}", item))
+            heading, obj = f"{type(item).__name__} {index}", item
+        if not _can_show(obj):
+            raise NbtUsageError(
+                f"report() cannot show item {index}, a {type(obj).__name__} ({obj!r:.60}): pass result "
+                "objects (Trace, Comparison ...), plotly figures, frames, text or (title, obj) pairs"
+            )
+        named.append((heading, obj))
     return named
 
 

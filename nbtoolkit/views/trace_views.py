@@ -121,7 +121,15 @@ def timeline(trace: Trace, *, ranks: list[int] | None = None, resolution: int = 
     """
     import plotly.graph_objects as go
 
-    chosen = ranks if ranks is not None else trace.ranks[:16]
+    chosen = list(ranks) if ranks is not None else trace.ranks[:16]
+    unknown = [r for r in chosen if r not in trace.events]
+    if unknown:
+        from nbtoolkit.errors import TraceError
+
+        raise TraceError(
+            f"ranks {unknown} are not in this trace (ranks present: {trace.ranks[:32]}); lanes of "
+            "hundreds of ranks are unreadable: pick a few, e.g. the slowest from nbt.stragglers(...)"
+        )
     lanes = [lane for r in chosen for lane in _lanes(trace, r)]
     if not lanes:
         return go.Figure()

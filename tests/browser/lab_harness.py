@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Flags for a root, headless, offline chromium (see the machine notes: without the
@@ -107,11 +108,42 @@ class PageReport:
     screenshot: Path | None = None
 
 
+def open_and_run_all(page: Any, server: LabServer, notebook: str, timeout_s: float = 600.0) -> None:
+    """Open ``notebook`` in JupyterLab on ``page``, Run All Cells, and wait until every cell ran."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.goto(f"{server.url}/lab/tree/{notebook}?token={server.token}", timeout=120_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    # JupyterLab may ask which kernel to start (when a session of the notebook exists):
+    # accept its preselected choice, then wait until the kernel is connected and idle.
+    accept = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
+    try:
+        accept.wait_for(timeout=5_000)
+        accept.click()
+    except PlaywrightTimeout:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.click("li.lm-MenuBar-item:has-text('Run')")
+    page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
+    # Every code cell gets an execution count once it ran; "[*]" means still running.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = page.evaluate(
+            """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                      .filter(p => p.textContent.trim() === '[ ]:' || p.textContent.includes('*'))
+                      .length"""
+        )
+        if pending == 0:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{pending} cells still pending after {timeout_s} s")
+        time.sleep(1.0)
+
+
 def run_notebook_in_browser(
     server: LabServer, notebook: str, screenshot: Path, timeout_s: float = 600.0
 ) -> PageReport:
     """Open ``notebook`` in JupyterLab, Run All Cells, wait for the kernel, and inspect the page."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     report = PageReport()
@@ -121,32 +153,7 @@ def run_notebook_in_browser(
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.on("console", lambda m: report.console_errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: report.page_errors.append(str(e)))
-            page.goto(f"{server.url}/lab/tree/{notebook}?token={server.token}", timeout=120_000)
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
-            # JupyterLab may ask which kernel to start (when a session of the notebook exists):
-            # accept its preselected choice, then wait until the kernel is connected and idle.
-            accept = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
-            try:
-                accept.wait_for(timeout=5_000)
-                accept.click()
-            except PlaywrightTimeout:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-            page.click("li.lm-MenuBar-item:has-text('Run')")
-            page.click("li.lm-Menu-item[data-command='runmenu:run-all']")
-            # Every code cell gets an execution count once it ran; "[*]" means still running.
-            deadline = time.monotonic() + timeout_s
-            while True:
-                pending = page.evaluate(
-                    """() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
-                              .filter(p => p.textContent.trim() === '[ ]:' || p.textContent.includes('*'))
-                              .length"""
-                )
-                if pending == 0:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{pending} cells still pending after {timeout_s} s")
-                time.sleep(1.0)
+            open_and_run_all(page, server, notebook, timeout_s)
             page.wait_for_timeout(3000)  # let figures and widgets finish rendering
             report.plotly_figures = page.locator(
                 ".jp-OutputArea-output:has(svg.main-svg)"

@@ -58,6 +58,17 @@ def test_report_refuses_bad_paths_and_empty_input(tmp_path: Path) -> None:
         nbt.report(_Finding("a"), path=tmp_path / "r.txt")
     with pytest.raises(nbt.NbtUsageError, match="does not exist"):
         nbt.report(_Finding("a"), path=tmp_path / "missing" / "r.html")
+    # a bare number has nothing to show: refused, naming the item, before anything is written
+    with pytest.raises(nbt.NbtUsageError, match="cannot show item 2, a int"):
+        nbt.report(_Finding("a"), 5, path=tmp_path / "n.html")
+    assert not (tmp_path / "n.html").exists()
+
+
+def test_report_shows_text_notes_as_escaped_paragraphs(tmp_path: Path) -> None:
+    written = nbt.report(_Finding("a"), ("why", "<b>bold</b> & more"), path=tmp_path / "r.html")
+    text = written.path.read_text()
+    assert "<p>&lt;b&gt;bold&lt;/b&gt; &amp; more</p>" in text
+    assert written.sections == ("_Finding 1", "why")
 
 
 def test_report_magic_collects_the_notebook_results(tmp_path: Path) -> None:

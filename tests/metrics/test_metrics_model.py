@@ -162,3 +162,5 @@ def test_mfu_chart_has_one_bar_per_run_with_its_range() -> None:
     assert "table: NVIDIA A100" in fig.layout.title.text
     with pytest.raises(nbt.NbtUsageError, match="labels must differ"):
         mfu_chart([("a", _metrics()), ("a", _metrics())])
+    with pytest.raises(nbt.NbtUsageError, match="got a int"):
+        mfu_chart(5)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ import math
 import shutil
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -411,7 +412,21 @@ def test_compare_a_trace_with_itself_changes_nothing(gloo_trace: nbt.Trace, cpu_
         assert len(diff.operators) and (diff.operators["delta_ms"] == 0).all()
         assert diff.kernels is None
         assert diff.step_time_change_pct == 0
+        assert diff.time_within_noise is (True if len(trace.steps) >= 2 else None)
         assert "Trace comparison" in repr(diff) and "<table" in diff._repr_html_()
+
+
+def test_compare_flags_a_step_time_change_inside_the_noise() -> None:
+    """The quartile rule of Comparison: overlapping middle halves are noise, separate ones are not."""
+
+    from nbtoolkit.analysis.diff import _within_noise
+
+    def steps(*durations: float) -> SimpleNamespace:
+        return SimpleNamespace(steps=pd.DataFrame({"dur": list(durations)}))
+
+    assert _within_noise(steps(100, 110, 120, 130), steps(105, 115, 125, 135)) is True
+    assert _within_noise(steps(100, 101, 102, 103), steps(150, 151, 152, 153)) is False
+    assert _within_noise(steps(100), steps(150, 151)) is None
 
 
 @slow

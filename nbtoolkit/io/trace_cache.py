@@ -1,0 +1,90 @@
+"""The per-rank cache of :func:`nbtoolkit.io.trace_summaries.summarize_traces`.
+
+A rank's trace file is parsed once; its summary (a few KB of JSON) and its events (Parquet,
+through ``Trace.save``) are kept in a cache folder under a key made of the file's name, size
+and modification time (nanoseconds) and the cache format, so a file that changes is read
+again and a second summary of the same folder reads only the small summaries.
+
+The cache folder is ``<traces folder>/.nbt-cache`` by default (hidden: the loaders skip it),
+or the folder the caller names (when the traces' folder is read-only). Nothing here is a
+pickle: a cache folder may be shared, and reading it must not run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.errors import TraceError
+
+if TYPE_CHECKING:
+    from nbtoolkit.model.trace import Trace
+
+__all__ = ["CACHE_FORMAT", "DEFAULT_CACHE_NAME", "cache_key", "read_events", "read_summary", "write_rank"]
+
+CACHE_FORMAT = 2
+DEFAULT_CACHE_NAME = ".nbt-cache"
+
+
+def cache_key(file: Path) -> str:
+    """``<name>-<size>-<mtime_ns>-v<format>``: changes whenever the file does."""
+    st = file.stat()
+    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
+
+
+def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str, Any] | None:
+    """The cached summary records of a rank file (``TraceSummary.to_records``), or None."""
+    path = cache_dir / f"{key}.summary.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        return None  # a cache from another version: read the trace again
+    if data.get("include_last_step") != include_last_step:
+        return None
+    records = data.get("records")
+    return records if isinstance(records, dict) else None
+
+
+def write_rank(cache_dir: Path, key: str, records: dict[str, Any], trace: Trace | None) -> None:
+    """Cache a rank's summary records (and events, when given); an unwritable cache is skipped."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        if trace is not None:
+            trace.save(cache_dir / key)
+        data = {"format": CACHE_FORMAT, "include_last_step": records["include_last_step"], "records": records}
+        # written whole, then renamed: a reader never sees half a summary
+        tmp = cache_dir / f".{key}.summary.json.{os.getpid()}"
+        tmp.write_text(json.dumps(data, default=_plain))
+        tmp.replace(cache_dir / f"{key}.summary.json")
+    except OSError:
+        return  # a read-only or full disk costs speed next time, not this result
+
+
+def read_events(cache_dir: Path, key: str) -> Trace | None:
+    from nbtoolkit.model.trace import Trace
+
+    folder = cache_dir / key
+    if not (folder / "trace.json").exists():
+        return None
+    try:
+        return Trace.load(folder)
+    except TraceError:
+        return None
+
+
+def _plain(value: object) -> object:
+    """numpy scalars and pandas NA in the frames, as JSON values."""
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    import math
+
+    return None if isinstance(value, float) and math.isnan(value) else str(value)

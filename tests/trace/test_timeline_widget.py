@@ -1,0 +1,247 @@
+"""The timeline widgets' kernel side: payloads, selection, static fallback, magics, asset locator.
+
+The browser side (drawing, zoom, hover, escaping on the page) is tests/browser/test_timeline_widget.py.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbtoolkit as nbt
+from nbtoolkit.errors import NbtError, NbtUsageError
+from nbtoolkit.model.memory import CATEGORIES
+from nbtoolkit.views.timeline_widget import MemoryTimelineWidget, TraceTimelineWidget
+from nbtoolkit.views.timeline_widget_assets import widget_asset, widget_dirs
+from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget, widgets_enabled
+from nbtoolkit.views.trace_views import TraceReport
+from tests._python import run_python
+
+from .timeline_data import synthetic_memory_events, synthetic_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = "<script>window.__pwned = 1</script>"
+BOLD = "<b>bold</b>"
+DTYPES = {
+    "e_lane": np.uint16, "e_start": np.float64, "e_dur": np.float32, "e_row": np.int32, "e_kind": np.uint8,
+    "e_name": np.uint32, "a_lane": np.uint16, "a_px": np.uint16, "a_count": np.uint32, "a_busy": np.float32,
+    "a_row": np.int32, "a_kind": np.uint8, "a_name": np.uint32,
+}  # fmt: skip
+
+
+def _decode(header: dict[str, Any], buffers: list[bytes]) -> dict[str, np.ndarray]:
+    return {name: np.frombuffer(b, DTYPES[name]) for name, b in zip(header["columns"], buffers, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def trace() -> Any:
+    return synthetic_trace(60_000, ranks=2, streams=2, special=(SCRIPT, BOLD))
+
+
+def test_trace_widget_sends_one_screen_with_names_once(trace: Any) -> None:
+    w = nbt.timeline_widget(trace)
+    assert w.lanes[:3] == ["rank 0 · stream 7", "rank 0 · stream 8", "rank 0 · thread 1"]
+    assert len(w.lanes) == 6
+    header, buffers = w.view_payload(w.span[0], w.span[1], 800, client="a")
+    cols = _decode(header, buffers)
+    assert len(cols["e_lane"]) == header["exact"] and len(cols["a_lane"]) == header["bins"]
+    assert header["bins"] <= 6 * 800  # at most one bin per pixel and lane
+    assert sum(len(b) for b in buffers) < 200_000
+    names = header["names"]
+    assert SCRIPT in names.values() and BOLD in names.values()  # raw: the page escapes (textContent)
+    shown = {names[str(i)] for i in np.r_[cols["e_name"], cols["a_name"]]}
+    assert shown <= set(names.values())
+    # a second view for the same client sends no name again; another client gets them all
+    again, _ = w.view_payload(w.span[0], w.span[1], 800, client="a")
+    assert again["names"] == {}
+    assert w.view_payload(w.span[0], w.span[1], 800, client="b")[0]["names"] == names
+    # every bin's count adds up to the lane's events at full zoom-out
+    total = sum(len(f) for f in trace.events.values())
+    assert int(cols["a_count"].sum()) == total
+
+
+def test_zooming_in_gives_exact_events_of_the_window(trace: Any) -> None:
+    w = nbt.timeline_widget(trace)
+    frame = trace.events[0]
+    special = int(np.flatnonzero(frame["name"].astype(str).to_numpy() == SCRIPT)[0])
+    ts = float(frame["ts"].iloc[special]) - w.index.origin
+    header, buffers = w.view_payload(ts, ts + 50.0, 500, client="z")
+    cols = _decode(header, buffers)
+    assert special in cols["e_row"][cols["e_lane"] == 0].tolist()  # the long event, reaching in from before
+    starts = cols["e_start"]
+    ends = starts + cols["e_dur"]
+    assert ((ends > ts) & (starts < ts + 50.0)).all()
+
+
+def test_click_selects_the_event_with_its_correlated_launch(trace: Any) -> None:
+    w = nbt.timeline_widget(trace)
+    sent: list[Any] = []
+    w.send = lambda content, buffers=None: sent.append((content, buffers))  # type: ignore[method-assign]
+    frame = trace.events[0]
+    row = int(np.flatnonzero(frame["name"].astype(str).to_numpy() == BOLD)[0])
+    w._on_message(w, {"type": "select", "lane": 0, "row": row}, [])
+    assert w.selected["name"] == BOLD and w.selected["rank"] == 0 and w.selected["stream"] == 7
+    assert w.selected["dur_us"] == pytest.approx(float(frame["dur"].iloc[row]))
+    w._on_message(w, {"type": "view", "t0": 5, "t1": 1, "width": 100, "id": 3}, [])
+    assert sent[-1][0]["type"] == "error" and "t0 < t1" in sent[-1][0]["message"]
+    w._on_message(w, {"type": "select", "lane": 99, "row": 0}, [])
+    assert "no lane 99" in sent[-1][0]["message"]
+
+
+def test_widget_state_stays_small_for_a_million_events() -> None:
+    big = synthetic_trace(1_000_000, ranks=1, streams=3)
+    w = nbt.timeline_widget(big)
+    state = json.dumps(w.get_state(), default=str)
+    esm = len(w._esm) + len(w._css)  # the front end's source is part of the saved state
+    assert len(state) - esm < 20_000
+    header, buffers = w.view_payload(w.span[0], w.span[1], 1500, client="x")
+    assert len(json.dumps(header)) + sum(len(b) for b in buffers) < 1_000_000
+
+
+def test_mime_bundle_has_text_and_an_escaped_static_overview(trace: Any) -> None:
+    trace.info[0].thread_names["100:1"] = SCRIPT
+    try:
+        w = nbt.timeline_widget(trace)
+        data, _ = w._repr_mimebundle_()
+    finally:
+        del trace.info[0].thread_names["100:1"]
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/plain"].startswith("Timeline widget: 6 lanes")
+    html = data["text/html"]
+    assert "<svg" in html and "&lt;script&gt;" in html and "<script" not in html
+    assert len(html) < 300_000
+
+
+def test_exported_html_shows_the_static_overview(trace: Any) -> None:
+    """nbconvert's HTML (no widget state) renders the bundle's text/html: the SVG overview."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    data, metadata = nbt.timeline_widget(trace)._repr_mimebundle_()
+    notebook = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("w")
+    cell.outputs = [nbformat.v4.new_output("display_data", data=data, metadata=metadata)]
+    notebook.cells = [cell]
+    body, _ = HTMLExporter().from_notebook_node(notebook)
+    shown = body[body.index("nbt-timeline-static") :]
+    assert shown.index("<svg") < shown.index("</svg>")
+    assert "Timeline widget: 6 lanes" in shown
+
+
+def test_memory_widget_views_and_selection() -> None:
+    timeline = nbt.MemoryTimeline(events=synthetic_memory_events(200_000))
+    w = nbt.memory_widget(timeline)
+    assert isinstance(w, MemoryTimelineWidget)
+    used = {"parameter", "activation", "gradient", "temporary"}
+    assert w.categories == [c for c in CATEGORIES if c in used]  # torch's order: a stable stack
+    _header, buffers = w.view_payload(w.span[0], w.span[1], 1000)
+    max_total = np.frombuffer(buffers[0], np.float64)
+    assert max_total.max() == timeline.peak_bytes
+    assert sum(len(b) for b in buffers) == 1000 * (3 * 8 + 4 * len(w.categories))
+    w._on_message(w, {"type": "select", "time": w.peak[0]}, [])
+    assert w.selected["total_bytes"] == timeline.peak_bytes
+    assert sum(w.selected["by_category"].values()) == timeline.peak_bytes
+    assert w.selected["alive"] and w.selected["alive"][0]["bytes"] >= w.selected["alive"][-1]["bytes"]
+    assert "Memory timeline widget" in w._repr_mimebundle_()[0]["text/plain"]
+    with pytest.raises(NbtUsageError, match="MemoryTimeline"):
+        nbt.memory_widget("not a timeline")
+
+
+def test_memory_widget_on_a_real_cuda_snapshot(real_data: Any) -> None:
+    snapshot = nbt.load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx128_fullstep.pickle"))
+    w = nbt.memory_widget(snapshot)
+    timeline = snapshot.timeline()
+    assert w.index.timeline.device == timeline.device
+    _header, buffers = w.view_payload(w.span[0], w.span[1], 600)
+    assert np.frombuffer(buffers[0], np.float64).max() == timeline.peak_bytes
+
+
+def test_trace_widget_on_the_mtia_trace(real_data: Any) -> None:
+    trace = nbt.load_trace(real_data("traces/hta_mtia_single_rank"))
+    w = nbt.timeline_widget(trace)
+    n_events = sum(len(f) for f in trace.events.values())
+    header, buffers = w.view_payload(w.span[0], w.span[1], 1500, client="m")
+    assert sum(len(b) for b in buffers) + len(json.dumps(header)) < 1_000_000
+    steps_excluded = w.index.events
+    assert 0 < steps_excluded <= n_events
+    assert int(_decode(header, buffers)["a_count"].sum()) == steps_excluded
+
+
+def test_widgets_enabled_rule() -> None:
+    class Kernel:
+        kernel = object()
+
+    assert widgets_enabled({"NBT_WIDGETS": "1"}, shell=None) is True
+    assert widgets_enabled({"NBT_WIDGETS": "off"}, shell=Kernel()) is False
+    assert widgets_enabled({}, shell=Kernel()) is False  # a kernel nbval/nbconvert started
+    assert widgets_enabled({"JPY_SESSION_NAME": "/a.ipynb"}, shell=Kernel()) is True  # JupyterLab
+    assert widgets_enabled({"JPY_SESSION_NAME": "/a.ipynb"}, shell=object()) is False  # terminal IPython
+    with pytest.raises(NbtUsageError, match="NBT_WIDGETS"):
+        widgets_enabled({"NBT_WIDGETS": "maybe"}, shell=None)
+
+
+def test_trace_magic_static_widget_and_default(shell: InteractiveShell, trace: Any) -> None:
+    shell.user_ns["tr"] = trace
+    default = shell.run_line_magic("nbt", "trace tr")
+    assert type(default) is TraceReport  # a plain shell has no widget front end
+    assert type(shell.run_line_magic("nbt", "trace tr --static")) is TraceReport
+    live = shell.run_line_magic("nbt", "trace tr --widget --name live")
+    assert isinstance(live, TraceReportWithWidget) and isinstance(live.widget, TraceTimelineWidget)
+    assert shell.user_ns["live"] is live
+    assert live._repr_mimebundle_() == default._repr_mimebundle_()  # same tables
+    with pytest.raises(NbtUsageError, match="exclude"):
+        shell.run_line_magic("nbt", "trace tr --widget --static")
+
+
+def test_snapshot_magic_with_widget_keeps_it_beside_the_result(shell: InteractiveShell) -> None:
+    from tests.magics.test_magic_api_memory import SNAPSHOT
+
+    shell.user_ns["raw"] = SNAPSHOT
+    result = shell.run_line_magic("nbt", "snapshot raw --widget --name snap")
+    assert isinstance(result, nbt.MemorySnapshot)
+    assert isinstance(shell.user_ns["snap_widget"], MemoryTimelineWidget)
+    shell.user_ns.pop("snap_widget")
+    shell.run_line_magic("nbt", "snapshot raw --name snap")
+    assert "snap_widget" not in shell.user_ns  # static: no widget made
+
+
+def test_memory_magic_with_widget_returns_the_timeline_and_keeps_the_widget(shell: InteractiveShell) -> None:
+    shell.run_cell("import torch").raise_error()
+    cell = "w1 = torch.ones(256, 256)\nw2 = torch.ones(512, 256)\ndel w1\n"
+    result = shell.run_cell_magic("nbt", "memory --widget --name mem", cell)
+    assert isinstance(result, nbt.MemoryTimeline) and shell.user_ns["mem"] is result
+    widget = shell.user_ns["mem_widget"]
+    assert isinstance(widget, MemoryTimelineWidget)
+    assert widget.peak[1] == result.peak_bytes > 0
+
+
+def test_assets_found_in_the_checkout_and_in_a_package(tmp_path: Path) -> None:
+    assert widget_asset("timeline.js") == ROOT / "widgets" / "timeline.js"
+    package = tmp_path / "site" / "nbtoolkit"
+    (package / "_widgets").mkdir(parents=True)
+    (package / "_widgets" / "timeline.js").write_text("export default {}")
+    assert widget_asset("timeline.js", package_dir=package) == package / "_widgets" / "timeline.js"
+    assert widget_dirs(package)[0] == package / "_widgets"
+    with pytest.raises(NbtError, match="reinstall"):
+        widget_asset("nope.js", package_dir=package)
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_widget_sources(tmp_path: Path) -> None:
+    """pip builds the wheel from this checkout (hatchling, from the package index, in an isolated
+    build environment); the sources are at nbtoolkit/_widgets, and the locator finds them there."""
+    run_python("-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT))
+    wheel = next(tmp_path.glob("nbtoolkit-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert {"nbtoolkit/_widgets/timeline.js", "nbtoolkit/_widgets/timeline.css"} <= names
+        archive.extractall(tmp_path / "site")
+    found = widget_asset("timeline.js", package_dir=tmp_path / "site" / "nbtoolkit")
+    assert found == tmp_path / "site" / "nbtoolkit" / "_widgets" / "timeline.js"
+    assert found.read_text() == (ROOT / "widgets" / "timeline.js").read_text()
