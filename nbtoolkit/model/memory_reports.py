@@ -100,22 +100,37 @@ class PeakStack(Result):
             }
         )
 
+    @property
+    def python_stack(self) -> str:
+        """The Python frames of :attr:`stack` (the user's own lines), with a count of the native
+        (C++) frames left out; the whole stack when it has no Python frame. The views show this:
+        a snapshot recorded with ``context="all"`` puts dozens of allocator frames first."""
+        lines = self.stack.splitlines()
+        python = [line for line in lines if ".py:" in line]
+        if not python or len(python) == len(lines):
+            return self.stack
+        hidden = len(lines) - len(python)
+        return "\n".join([*python, f"({hidden} native frames left out; .stack has them all)"])
+
     def to_markdown(self) -> str:
         where = self.device or "the device"
         head = f"**Peak {format_bytes(self.peak_bytes)}** on {where} at {self.peak_time_us:,.0f} µs"
-        stack = "\n".join(f"    {line}" for line in self.stack.splitlines()) or "    (no stack recorded)"
+        lines = self.python_stack.splitlines()
+        stack = "\n".join(f"    {line}" for line in lines) or "    (no stack recorded)"
         return f"{head}\n\nLargest allocation's stack:\n\n{stack}\n\n{frame_markdown(self.by_stack)}"
 
     def _text(self) -> str:
         return (
             f"Peak {format_bytes(self.peak_bytes)} at {self.peak_time_us:,.0f} us: "
-            f"{len(self.alive)} allocations live\nlargest allocation's stack:\n{self.stack or '(none)'}"
+            f"{len(self.alive)} allocations live\n"
+            f"largest allocation's stack:\n{self.python_stack or '(none)'}"
         )
 
     def _html(self) -> str:
         return (
             f"<b>Peak {escape(format_bytes(self.peak_bytes))}</b> — largest allocation's stack:"
-            f"<pre>{escape(self.stack or '(no stack recorded)')}</pre>{html_table(_display(self.by_stack))}"
+            f"<pre>{escape(self.python_stack or '(no stack recorded)')}</pre>"
+            f"{html_table(_display(self.by_stack))}"
         )
 
 

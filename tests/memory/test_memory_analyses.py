@@ -311,3 +311,29 @@ def test_mosaic_categories_of_real_snapshots(snapshot_file: Callable[[str], Path
         sign = trace["action"].map({"alloc": 1, "free_completed": -1, "free": -1}).fillna(0)
         assert table["total"] == max(int((sign * trace["size"]).cumsum().max()), 0), name
         assert table.drop("total").sum() <= table["total"]
+
+
+def test_peak_stack_views_show_the_python_frames_first() -> None:
+    """A stack recorded with context="all" starts with allocator frames: the views show the user's
+    Python lines and count the native ones; .stack keeps everything; a native-only stack is kept."""
+    import pandas as pd
+
+    from nbtoolkit.model.memory_reports import PeakStack
+
+    stack = "\n".join([
+        "CUDACachingAllocator.cpp:0 in malloc",
+        "??:0 in at::detail::empty_cuda",
+        "/home/me/train.py:42 in forward",
+        "/home/me/train.py:90 in <module>",
+    ])
+    empty = pd.DataFrame({"stack": [], "bytes": [], "allocations": []})
+    peak = PeakStack(peak_bytes=1024, peak_time_us=5.0, alive=empty, by_stack=empty, stack=stack)
+    assert peak.python_stack.splitlines() == [
+        "/home/me/train.py:42 in forward",
+        "/home/me/train.py:90 in <module>",
+        "(2 native frames left out; .stack has them all)",
+    ]
+    assert "train.py:42" in repr(peak) and "CUDACachingAllocator" not in repr(peak)
+    assert "CUDACachingAllocator" not in peak.to_markdown() and "CUDACachingAllocator" in peak.to_json()
+    native = PeakStack(peak_bytes=1, peak_time_us=0.0, alive=empty, by_stack=empty, stack="a.cpp:0 in f")
+    assert native.python_stack == "a.cpp:0 in f"
