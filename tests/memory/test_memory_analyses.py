@@ -16,9 +16,12 @@ import nbtoolkit as nbt
 from nbtoolkit.model.comparison import Comparison, Measurement
 from nbtoolkit.model.memory import MemoryTimeline, normalize_events
 
+from .test_snapshot import PICKLES, RECORDED
+
 FULLSTEP = "memory/kk_memory_files_memory_ctx128_fullstep.pickle"  # optimizer annotations
 FORWARD = "memory/kk_memory_files_memory_ctx128_forward.pickle"
 ANNOTATED = "memory/bcraf_memory_snapshot.pickle"  # compile_context, user_metadata, Optimizer.step
+SNAPSHOTS = [*PICKLES, RECORDED]  # every real snapshot (each skips, named, if missing), the recorded one
 _COLUMNS = ["time_us", "action", "delta_bytes", "category", "tensor", "stack_id"]
 
 
@@ -104,20 +107,18 @@ def test_memory_by_compile_context_and_user_metadata(real_data: Callable[[str], 
     assert int(contexts["allocations"].sum()) == len(snap.timeline().events.query("action != 'free'"))
 
 
-def test_diff_of_anything_with_itself_is_empty(snapshot_file: Callable[[str], Path]) -> None:
-    from tests.memory.test_snapshot import PICKLES, RECORDED
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_diff_of_a_snapshot_with_itself_is_empty(name: str, snapshot_file: Callable[[str], Path]) -> None:
+    """Each real snapshot (skipped, naming it, where the data is missing) and the recorded one."""
+    snap = nbt.load_memory_snapshot(snapshot_file(name))
+    diff = nbt.memory_diff(snap, snap)
+    assert diff.empty, name
+    assert diff.by_stack.empty and (diff.by_category["delta_bytes"] == 0).all()
+    assert json.loads(diff.to_json())["empty"] is True
+    assert snap.timeline().diff(snap.timeline()).empty
 
-    for name in [*PICKLES, RECORDED]:
-        try:
-            snap = nbt.load_memory_snapshot(snapshot_file(name))
-        except pytest.skip.Exception:
-            continue
-        diff = nbt.memory_diff(snap, snap)
-        assert diff.empty, name
-        assert diff.by_stack.empty and (diff.by_category["delta_bytes"] == 0).all()
-        assert json.loads(diff.to_json())["empty"] is True
-        assert snap.timeline().diff(snap.timeline()).empty
-    # A copy loaded again is also the same.
+
+def test_diff_of_a_timeline_with_a_copy_loaded_again_is_empty() -> None:
     timeline = _timeline(4000)
     assert nbt.memory_diff(timeline, _timeline(4000)).empty
 
@@ -282,35 +283,31 @@ def test_mosaic_rules_in_their_published_order() -> None:
     assert mosaic_category([]) == "unknown"
 
 
-def test_mosaic_categories_of_real_snapshots(snapshot_file: Callable[[str], Path]) -> None:
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_mosaic_categories_of_real_snapshots(name: str, snapshot_file: Callable[[str], Path]) -> None:
     """Per stack as Mosaic classifies the raw frames, and Mosaic's peak (the trace from zero)."""
     from nbtoolkit.io.snapshot import restricted_loads
     from nbtoolkit.model.snapshot_mosaic import mosaic_category
-    from tests.memory.test_snapshot import PICKLES, RECORDED
 
-    for name in [*PICKLES, RECORDED]:
-        try:
-            path = snapshot_file(name)
-        except pytest.skip.Exception:
-            continue
-        raw = restricted_loads(path.read_bytes())
-        if isinstance(raw, list):
-            continue
-        snap = nbt.load_memory_snapshot(path)
-        for device, entries in enumerate(raw.get("device_traces") or []):
-            trace = snap.trace[snap.trace["device"] == device]
-            for entry, stack_id in zip(entries, trace["stack_id"], strict=True):
-                expected = mosaic_category(entry.get("frames"))
-                assert (snap.stack_mosaic[stack_id] if stack_id >= 0 else "unknown") == expected, name
-        if not len(snap.trace):
-            continue
-        table = snap.mosaic_peak().set_index("category")["at_peak_bytes"]
-        # Mosaic's peak: the highest running sum of alloc/free_completed sizes from zero.
-        device = int(snap.timeline().device.split(":")[1])
+    path = snapshot_file(name)
+    raw = restricted_loads(path.read_bytes())
+    snap = nbt.load_memory_snapshot(path)
+    if isinstance(raw, list) or not any(raw.get("device_traces") or []):
+        # a legacy bare list of segments, or empty traces: no allocation to classify, and none read
+        assert not len(snap.trace), name
+        return
+    for device, entries in enumerate(raw.get("device_traces") or []):
         trace = snap.trace[snap.trace["device"] == device]
-        sign = trace["action"].map({"alloc": 1, "free_completed": -1, "free": -1}).fillna(0)
-        assert table["total"] == max(int((sign * trace["size"]).cumsum().max()), 0), name
-        assert table.drop("total").sum() <= table["total"]
+        for entry, stack_id in zip(entries, trace["stack_id"], strict=True):
+            expected = mosaic_category(entry.get("frames"))
+            assert (snap.stack_mosaic[stack_id] if stack_id >= 0 else "unknown") == expected, name
+    table = snap.mosaic_peak().set_index("category")["at_peak_bytes"]
+    # Mosaic's peak: the highest running sum of alloc/free_completed sizes from zero.
+    device = int(snap.timeline().device.split(":")[1])
+    trace = snap.trace[snap.trace["device"] == device]
+    sign = trace["action"].map({"alloc": 1, "free_completed": -1, "free": -1}).fillna(0)
+    assert table["total"] == max(int((sign * trace["size"]).cumsum().max()), 0), name
+    assert table.drop("total").sum() <= table["total"]
 
 
 def test_peak_stack_views_show_the_python_frames_first() -> None:

@@ -26,6 +26,8 @@ from nbtoolkit.io.snapshot_stream import stream_snapshot
 from nbtoolkit.model.snapshot_columns import SnapshotFilter
 from tests._python import run_python
 
+from .test_snapshot import PICKLES, RECORDED
+
 GPU_SNAPSHOT = "memory/kk_memory_files_memory_ctx128_fullstep.pickle"  # full step, 19k trace entries
 FRAMES = ("segments", "blocks", "trace", "annotations")
 
@@ -48,20 +50,18 @@ def scaled_gpu(gpu_source: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     return write_scaled_snapshot(gpu_source, path, copies=16, devices=2, protocol=5)
 
 
-def test_streaming_equals_the_whole_load_on_every_fixture(snapshot_file: Callable[[str], Path]) -> None:
-    from tests.memory.test_snapshot import PICKLES, RECORDED
-
-    for name in [*PICKLES, RECORDED]:
-        try:
-            path = snapshot_file(name)
-        except pytest.skip.Exception:
-            continue
-        whole = nbt.load_memory_snapshot(path, stream=False)
-        # A drain every 4 KB: many drains, lists caught while they fill.
-        streamed = stream_snapshot(path, keep=SnapshotFilter(), max_rows=10**9, drain_every=4096)
-        assert streamed is not None
-        _assert_same(whole, streamed)
-        assert streamed.stats() == whole.stats()
+@pytest.mark.parametrize("name", [*PICKLES, RECORDED])
+def test_streaming_equals_the_whole_load_on_every_fixture(
+    name: str, snapshot_file: Callable[[str], Path]
+) -> None:
+    """Each real snapshot (skipped, naming it, where the data is missing) and the recorded one."""
+    path = snapshot_file(name)
+    whole = nbt.load_memory_snapshot(path, stream=False)
+    # A drain every 4 KB: many drains, lists caught while they fill.
+    streamed = stream_snapshot(path, keep=SnapshotFilter(), max_rows=10**9, drain_every=4096)
+    assert streamed is not None
+    _assert_same(whole, streamed)
+    assert streamed.stats() == whole.stats()
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
