@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nbtoolkit.magics._display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
-from nbtoolkit.magics.trace import DISPLAY_ARGUMENTS, show_widget
 
 # Accepted so that old cells still run: the magics show no figure of their own any more.
 _NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS)
@@ -41,9 +41,7 @@ def _snapshot(args: argparse.Namespace, call: MagicCall) -> Any:
 
 def _show_memory_widget(args: argparse.Namespace, call: MagicCall, source: Any) -> None:
     """In a widget front end, show the memory widget above the summary and keep it as NAME_widget."""
-    from nbtoolkit.views.timeline_widget_static import widgets_enabled
-
-    if not show_widget(args, widgets_enabled):
+    if not show_widget(args):
         return
     from IPython.display import display
 

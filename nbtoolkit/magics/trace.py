@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nbtoolkit.magics._display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
@@ -35,36 +36,16 @@ def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.kineto import load_trace
-    from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget, widgets_enabled
+    from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget
     from nbtoolkit.views.trace_views import TraceReport
 
     trace = load_trace(call.resolve(args.traces))
     report = TraceReport.of(trace)
-    if not show_widget(args, widgets_enabled):
+    if not show_widget(args):
         return report
     from nbtoolkit.views.timeline_widget import timeline_widget
 
     return TraceReportWithWidget.of_report(report, timeline_widget(trace))
-
-
-def show_widget(args: argparse.Namespace, auto: Any) -> bool:
-    """--widget / --static for this call, else the front end's default (``auto()``)."""
-    if args.widget and args.static:
-        from nbtoolkit.errors import NbtUsageError
-
-        raise NbtUsageError("--widget and --static exclude each other: pick one")
-    return bool(args.widget or (not args.static and auto()))
-
-
-# Shared by the magics that can show a timeline widget (trace, memory, snapshot).
-DISPLAY_ARGUMENTS = (
-    Argument(
-        "--static",
-        action="store_true",
-        help="static figure and text, no widget (the default outside widget front ends; see NBT_WIDGETS)",
-    ),
-    Argument("--widget", action="store_true", help="the zoomable timeline widget, whatever the front end"),
-)
 
 
 _TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
