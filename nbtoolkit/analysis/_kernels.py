@@ -24,12 +24,12 @@ breakdowns and overlap give HTA's numbers on the same trace:
 from __future__ import annotations
 
 import re
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.model.steps import is_profiler_step_label
+from nbtoolkit.model.steps import is_profiler_step_label, profiler_step_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,8 +51,9 @@ _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _SYNC_NAMES = ("Event Sync", "Context Sync")
 
 
+@lru_cache(maxsize=1 << 16)
 def kernel_type(name: str) -> str:
-    """HTA's kernel type of one device event name."""
+    """HTA's kernel type of one device event name (cached: hundreds of ranks share their kernel names)."""
     if _COMM_RE.match(name):
         return COMMUNICATION
     if _MEMORY_RE.match(name):
@@ -64,9 +65,12 @@ def kernel_type(name: str) -> str:
 
 def kernel_types(names: pd.Series) -> np.ndarray:
     """Kernel type per row of a categorical name column (classified once per distinct name)."""
-    codes = names.cat.codes.to_numpy()
-    table = np.array([kernel_type(str(c)) for c in names.cat.categories] + [OTHER], dtype=object)
-    return table[codes]  # code -1 (missing) maps to the trailing OTHER
+    return kernel_type_table(names.cat.categories)[names.cat.codes.to_numpy()]
+
+
+def kernel_type_table(categories: pd.Index) -> np.ndarray:
+    """Kernel type per category code of a name column, plus a trailing OTHER for code -1 (missing)."""
+    return np.array([kernel_type(str(c)) for c in categories.to_numpy()] + [OTHER], dtype=object)
 
 
 class DeviceView:
@@ -90,19 +94,45 @@ class DeviceView:
         self._frame, self._ts, self._end, self._keep = frame, ts, end, keep
         self._stream = frame["stream"].to_numpy()
 
-    def _rows(self, mask: np.ndarray) -> pd.DataFrame:
-        index = np.flatnonzero(mask)
+    def _rows(self, index: np.ndarray) -> pd.DataFrame:
         return self._frame.iloc[index].assign(ts=self._ts[index], end=self._end[index])
+
+    @cached_property
+    def host_rows(self) -> np.ndarray:
+        """Positions of the kept host events (stream == -1) among the rank's events."""
+        return np.flatnonzero(self._keep & (self._stream == -1))
+
+    @cached_property
+    def device_rows(self) -> np.ndarray:
+        """Positions of the kept device events (stream != -1) among the rank's events."""
+        return np.flatnonzero(self._keep & (self._stream != -1))
+
+    def values(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """One column at the given positions as numpy (``ts``/``end`` in whole µs): no frame is built.
+
+        The analyses that run once per rank at scale read columns this way; a DataFrame of
+        the rows costs a millisecond or more each time.
+        """
+        if column == "ts":
+            return self._ts[rows]
+        if column == "end":
+            return self._end[rows]
+        return self._frame[column].to_numpy()[rows]
+
+    def codes(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, pd.Index]:
+        """A categorical column's codes at the given positions, and its categories."""
+        values = self._frame[column]
+        return values.cat.codes.to_numpy()[rows], values.cat.categories
 
     @cached_property
     def host(self) -> pd.DataFrame:
         """Kept host events (stream == -1) with whole-µs ts/end."""
-        return self._rows(self._keep & (self._stream == -1))
+        return self._rows(self.host_rows)
 
     @cached_property
     def device(self) -> pd.DataFrame:
         """Kept device events (stream != -1) with whole-µs ts/end and ``kernel_type``."""
-        device = self._rows(self._keep & (self._stream != -1))
+        device = self._rows(self.device_rows)
         return device.assign(kernel_type=kernel_types(device["name"]))
 
 
@@ -110,7 +140,7 @@ def count_step_labels(trace: Trace) -> int:
     """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on)."""
     labels: set[str] = set()
     for frame in trace.events.values():
-        labels.update(str(c) for c in frame["name"].cat.categories if is_profiler_step_label(str(c)))
+        labels.update(profiler_step_names(frame["name"].cat.categories))
     return len(labels)
 
 

@@ -30,7 +30,8 @@ Windows: like HTA, the last ProfilerStep is left out unless ``include_last_step=
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
@@ -100,30 +101,20 @@ def comm_comp_overlap(
         raise NbtUsageError(f"by must be 'rank', 'iteration' or 'collective', got {by!r}")
     rows: list[dict[str, object]] = []
     for rank in trace.ranks:
-        comm_calls, comp_events, comp_steps, method = _comm_and_comp(
-            trace, rank, include_last_step=include_last_step
-        )
-        comp = merge(*comp_events)
+        calls = _comm_and_comp(trace, rank, include_last_step=include_last_step)
+        comp = merge(*calls.comp)
         if by == "rank":
-            comm = merge(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy())
-            rows.append({"rank": rank, **_overlap_numbers(comm, comp), "method": method})
+            rows.append({"rank": rank, **_overlap_numbers(merge(*calls.comm), comp), "method": calls.method})
         elif by == "iteration":
-            for step, step_calls in comm_calls.groupby("step", sort=True):
-                if step < 0:
-                    continue
-                comm = merge(step_calls["ts"].to_numpy(), step_calls["end"].to_numpy())
-                in_step = comp_steps == step
-                comp_step = merge(comp_events[0][in_step], comp_events[1][in_step])
-                rows.append(
-                    {"rank": rank, "step": int(step), **_overlap_numbers(comm, comp_step), "method": method}
-                )
+            rows.extend(_by_step(rank, calls))
         else:
-            dur = (comm_calls["end"] - comm_calls["ts"]).to_numpy()
-            covered = covered_per_interval(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy(), comp)
+            table = _calls_frame(trace, rank, calls)
+            dur = calls.comm[1] - calls.comm[0]
+            covered = covered_per_interval(calls.comm[0], calls.comm[1], comp)
             with np.errstate(invalid="ignore", divide="ignore"):
                 pct = np.where(dur > 0, 100.0 * covered / np.where(dur > 0, dur, 1.0), np.nan)
             meta = _collective_metadata(trace, rank)
-            for i, call in enumerate(comm_calls.itertuples(index=False)):
+            for i, call in enumerate(table.itertuples(index=False)):
                 found = meta.get(int(call.external_id), {})
                 rows.append(
                     {
@@ -176,32 +167,31 @@ def overlap_by_rank_and_step(
     by_rank: list[dict[str, object]] = []
     by_step: list[dict[str, object]] = []
     for rank in trace.ranks:
-        comm_calls, comp_events, comp_steps, method = _comm_and_comp(
-            trace, rank, include_last_step=include_last_step
-        )
-        comp = merge(*comp_events)
-        comm = merge(comm_calls["ts"].to_numpy(), comm_calls["end"].to_numpy())
-        by_rank.append({"rank": rank, **_overlap_numbers(comm, comp), "method": method})
-        for step, step_calls in comm_calls.groupby("step", sort=True):
-            if step < 0:
-                continue
-            in_step = comp_steps == step
-            by_step.append(
-                {
-                    "rank": rank,
-                    "step": int(step),
-                    **_overlap_numbers(
-                        merge(step_calls["ts"].to_numpy(), step_calls["end"].to_numpy()),
-                        merge(comp_events[0][in_step], comp_events[1][in_step]),
-                    ),
-                    "method": method,
-                }
-            )
+        calls = _comm_and_comp(trace, rank, include_last_step=include_last_step)
+        overlap = _overlap_numbers(merge(*calls.comm), merge(*calls.comp))
+        by_rank.append({"rank": rank, **overlap, "method": calls.method})
+        by_step.extend(_by_step(rank, calls))
     numbers = ["comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"]
     return (
         pd.DataFrame(by_rank, columns=["rank", *numbers]),
         pd.DataFrame(by_step, columns=["rank", "step", *numbers]),
     )
+
+
+def _by_step(rank: int, calls: _RankCalls) -> list[dict[str, object]]:
+    """The overlap rows of each step of a rank (steps with communication; -1, outside steps, left out)."""
+    rows: list[dict[str, object]] = []
+    comm_ts, comm_end = calls.comm
+    comp_ts, comp_end = calls.comp
+    for step in np.unique(calls.comm_steps):
+        if step < 0:
+            continue
+        in_comm, in_comp = calls.comm_steps == step, calls.comp_steps == step
+        numbers = _overlap_numbers(
+            merge(comm_ts[in_comm], comm_end[in_comm]), merge(comp_ts[in_comp], comp_end[in_comp])
+        )
+        rows.append({"rank": rank, "step": int(step), **numbers, "method": calls.method})
+    return rows
 
 
 def _overlap_numbers(comm: Intervals, comp: Intervals) -> dict[str, float]:
@@ -215,39 +205,80 @@ def _overlap_numbers(comm: Intervals, comp: Intervals) -> dict[str, float]:
     }
 
 
-def _comm_and_comp(
-    trace: Trace, rank: int, *, include_last_step: bool
-) -> tuple[pd.DataFrame, Intervals, np.ndarray, str]:
-    """Communication calls (ts, end, name, collective, step), compute intervals (unmerged) with
-    their steps, and the method name.
+class _RankCalls(NamedTuple):
+    """One rank's communication calls and compute intervals, as numpy (no frame is built).
+
+    ``comm_rows`` are the calls' positions among the view's events (for the per-call table);
+    compute intervals are unmerged, with the step of each.
+    """
+
+    view: k.DeviceView
+    comm_rows: np.ndarray
+    comm: Intervals
+    comm_steps: np.ndarray
+    comp: Intervals
+    comp_steps: np.ndarray
+    method: str
+
+
+def _comm_and_comp(trace: Trace, rank: int, *, include_last_step: bool) -> _RankCalls:
+    """Communication calls and compute intervals of a rank, with their steps, and the method name.
 
     Device work belongs to the step in which the host launched it (device clocks run behind
     the host's, so a kernel often runs after its step ended on the host).
     """
     view = k.device_view(trace, rank, include_last_step=include_last_step)
-    windows = _step_windows(view.host)
-    if len(view.device):
-        device = view.device
-        kinds = device["kernel_type"].to_numpy()
-        comm_calls = device[kinds == k.COMMUNICATION]
+    windows = _step_windows(view)
+    device = view.device_rows
+    if len(device):
+        codes, categories = view.codes("name", device)
+        kinds = k.kernel_type_table(categories)[codes]
+        comm_rows = device[kinds == k.COMMUNICATION]
         comp_rows = device[kinds == k.COMPUTATION]
-        comm_calls = comm_calls.assign(
-            collective=_collective_names(trace, rank, comm_calls),
-            step=_launch_steps(view, comm_calls, windows),
+        return _RankCalls(
+            view,
+            comm_rows,
+            (view.values("ts", comm_rows), view.values("end", comm_rows)),
+            _launch_steps(view, comm_rows, windows),
+            (view.values("ts", comp_rows), view.values("end", comp_rows)),
+            _launch_steps(view, comp_rows, windows),
+            "hta-gpu",
         )
-        comp_events = (comp_rows["ts"].to_numpy(), comp_rows["end"].to_numpy())
-        comp_steps = _launch_steps(view, comp_rows, windows)
-        return comm_calls[_CALL_COLUMNS], comp_events, comp_steps, "hta-gpu"
-    comm_calls, comp = _host_comm_calls_and_compute(view.host)
-    comm_calls = comm_calls.assign(
-        collective=comm_calls["name"].astype(str).str.split(":", n=1).str[-1],
-        step=_step_of(comm_calls["ts"].to_numpy(), windows),
-    )
-    return (
-        comm_calls[_CALL_COLUMNS],
+    comm_rows, comp = _host_comm_calls_and_compute(view)
+    comm_ts = view.values("ts", comm_rows)
+    return _RankCalls(
+        view,
+        comm_rows,
+        (comm_ts, view.values("end", comm_rows)),
+        _step_of(comm_ts, windows),
         comp,
         _step_of(comp[0], windows),
         "cpu-gloo",
+    )
+
+
+def _calls_frame(trace: Trace, rank: int, calls: _RankCalls) -> pd.DataFrame:
+    """The per-call table of a rank's communication: ts, end, name, collective, step, external_id."""
+    import pandas as pd
+
+    view, rows = calls.view, calls.comm_rows
+    names = view.values("name", rows)
+    external = view.values("external_id", rows)
+    if calls.method == "hta-gpu":
+        meta = _collective_metadata(trace, rank)
+        collective: list[object] = [meta.get(int(ext), {}).get("collective") for ext in external]
+    else:  # gloo:all_reduce -> all_reduce
+        collective = [str(n).split(":", 1)[-1] for n in names]
+    return pd.DataFrame(
+        {
+            "ts": calls.comm[0],
+            "end": calls.comm[1],
+            "name": names,
+            "collective": collective,
+            "step": calls.comm_steps,
+            "external_id": external,
+        },
+        columns=_CALL_COLUMNS,
     )
 
 
@@ -256,40 +287,45 @@ def host_comm_and_compute(
 ) -> tuple[Intervals, Intervals, float, float]:
     """Merged communication and compute intervals of a CPU rank, plus the first/last host time."""
     view = k.device_view(trace, rank, include_last_step=include_last_step)
-    calls, comp = _host_comm_calls_and_compute(view.host)
-    comm = merge(calls["ts"].to_numpy(), calls["end"].to_numpy())
-    ops = view.host[view.host["cat"].isin(["cpu_op"]).to_numpy() | _is_comm_name(view.host["name"])]
+    calls, comp = _host_comm_calls_and_compute(view)
+    comm = merge(view.values("ts", calls), view.values("end", calls))
+    host = view.host_rows
+    name_codes, names = view.codes("name", host)
+    cat_codes, cats = view.codes("cat", host)
+    ops = host[_flags(cats, lambda c: c == "cpu_op")[cat_codes] | _flags(names, _is_comm)[name_codes]]
     if len(ops):
-        first, last = float(ops["ts"].min()), float(ops["end"].max())
+        first, last = float(view.values("ts", ops).min()), float(view.values("end", ops).max())
     else:
         first = last = 0.0
     return comm, comp, first, last
 
 
-def _is_comm_name(names: pd.Series) -> np.ndarray:
-    categories = names.cat.categories
-    flags = np.array([str(c).startswith(COMM_PREFIXES) for c in categories] + [False])
-    return flags[names.cat.codes.to_numpy()]
+def _is_comm(name: str) -> bool:
+    return name.startswith(COMM_PREFIXES)
 
 
-def _host_comm_calls_and_compute(host: pd.DataFrame) -> tuple[pd.DataFrame, Intervals]:
-    names = host["name"]
-    gloo_flags = np.array([str(c).startswith("gloo:") for c in names.cat.categories] + [False])
-    is_gloo = gloo_flags[names.cat.codes.to_numpy()]
-    comm_calls = host[is_gloo]
-    is_comm = _is_comm_name(names)
-    is_op = (host["cat"] == "cpu_op").to_numpy()
-    threads = host[["pid", "tid"]].to_numpy()
+def _flags(categories: pd.Index, test: Callable[[str], bool]) -> np.ndarray:
+    """``test`` of each category, plus a trailing False for code -1 (missing)."""
+    return np.array([test(str(c)) for c in categories.to_numpy()] + [False], dtype=bool)
+
+
+def _host_comm_calls_and_compute(view: k.DeviceView) -> tuple[np.ndarray, Intervals]:
+    """A CPU rank's gloo calls (positions among the view's events) and its merged compute."""
+    host = view.host_rows
+    name_codes, names = view.codes("name", host)
+    cat_codes, cats = view.codes("cat", host)
+    comm_calls = host[_flags(names, lambda c: c.startswith("gloo:"))[name_codes]]
+    is_comm = _flags(names, _is_comm)[name_codes]
+    is_op = _flags(cats, lambda c: c == "cpu_op")[cat_codes]
+    ts, end = view.values("ts", host), view.values("end", host)
     compute_parts_s, compute_parts_e = [], []
     if len(host):
-        lane_keys = threads[:, 0] * (1 << 32) + threads[:, 1]
+        lane_keys = view.values("pid", host) * (1 << 32) + view.values("tid", host)
         main_lanes = np.unique(lane_keys[is_op & ~is_comm])
         for lane in main_lanes:
             on = lane_keys == lane
             ops = on & is_op & ~is_comm
-            comp = merge(host["ts"].to_numpy()[ops], host["end"].to_numpy()[ops])
-            blocked = merge(host["ts"].to_numpy()[on & is_comm], host["end"].to_numpy()[on & is_comm])
-            comp = _subtract(comp, blocked)
+            comp = _subtract(merge(ts[ops], end[ops]), merge(ts[on & is_comm], end[on & is_comm]))
             compute_parts_s.append(comp[0])
             compute_parts_e.append(comp[1])
     if compute_parts_s:
@@ -321,17 +357,18 @@ def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
     return result
 
 
-def _step_windows(host: pd.DataFrame) -> dict[int, tuple[float, float]]:
-    names = host["name"]
-    categories = names.cat.categories
+def _step_windows(view: k.DeviceView) -> dict[int, tuple[float, float]]:
+    """(first start, last end) of each ProfilerStep on the host."""
+    host = view.host_rows
+    codes, categories = view.codes("name", host)
     numbers = step_labels(categories)
     if not numbers:
         return {}
     # numpy on the category codes: this runs once per rank, hundreds of times at scale
-    step_of_code = np.array([numbers.get(str(c), -1) for c in categories] + [-1], dtype=np.int64)
-    steps = step_of_code[names.cat.codes.to_numpy()]
-    rows = (steps >= 0) & (host["stream"].to_numpy() < 0)
-    ts, end, steps = host["ts"].to_numpy()[rows], host["end"].to_numpy()[rows], steps[rows]
+    step_of_code = np.array([numbers.get(str(c), -1) for c in categories.to_numpy()] + [-1], dtype=np.int64)
+    steps = step_of_code[codes]
+    rows = steps >= 0
+    ts, end, steps = view.values("ts", host[rows]), view.values("end", host[rows]), steps[rows]
     windows: dict[int, tuple[float, float]] = {}
     for step in np.unique(steps):
         on = steps == step
@@ -347,19 +384,20 @@ def _step_of(ts: np.ndarray, windows: dict[int, tuple[float, float]]) -> np.ndar
 
 
 def _launch_steps(
-    view: k.DeviceView, calls: pd.DataFrame, windows: dict[int, tuple[float, float]]
+    view: k.DeviceView, rows: np.ndarray, windows: dict[int, tuple[float, float]]
 ) -> np.ndarray:
     """The step of each device call: that of the host event that launched it, else its own start."""
-    correlation = view.host["correlation"].to_numpy()
+    host = view.host_rows
+    correlation = view.values("correlation", host)
     has = correlation >= 0
-    host_corr, host_ts = correlation[has], view.host["ts"].to_numpy()[has]
+    host_corr, host_ts = correlation[has], view.values("ts", host)[has]
     # the last host event of each correlation launched it (as drop_duplicates(keep="last") would)
     keys, first_from_end = np.unique(host_corr[::-1], return_index=True)
     launch_ts = host_ts[::-1][first_from_end]
-    wanted = calls["correlation"].to_numpy()
+    wanted = view.values("correlation", rows)
     at = np.clip(np.searchsorted(keys, wanted), 0, max(len(keys) - 1, 0))
     found = (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), dtype=bool)
-    ts = np.where(found, launch_ts[at] if len(keys) else 0.0, calls["ts"].to_numpy())
+    ts = np.where(found, launch_ts[at] if len(keys) else 0.0, view.values("ts", rows))
     return _step_of(ts, windows)
 
 
@@ -376,8 +414,3 @@ def _collective_metadata(trace: Trace, rank: int) -> dict[int, dict[str, object]
         if ext != -1:
             out.setdefault(int(ext), {k: (None if pd.isna(v) else v) for k, v in record.items()})
     return out
-
-
-def _collective_names(trace: Trace, rank: int, calls: pd.DataFrame) -> list[object]:
-    meta = _collective_metadata(trace, rank)
-    return [meta.get(int(ext), {}).get("collective") for ext in calls["external_id"].to_numpy()]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from nbtoolkit.analysis.overlap import overlap_by_rank_and_step
 from nbtoolkit.model._providers import provides
-from nbtoolkit.model.steps import is_profiler_step_label
+from nbtoolkit.model.steps import profiler_step_names
 from nbtoolkit.model.trace_summary import SPAN_COLUMNS, TraceSummary
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def rank_step_labels(trace: Trace) -> list[str]:
     """The distinct ProfilerStep labels among the trace's event names, sorted."""
     labels: set[str] = set()
     for frame in trace.events.values():
-        labels.update(str(c) for c in frame["name"].cat.categories if is_profiler_step_label(str(c)))
+        labels.update(profiler_step_names(frame["name"].cat.categories))
     return sorted(labels)
 
 

@@ -120,7 +120,7 @@ class EventColumns:
             }
         )
         coll = (
-            pd.DataFrame(self.collectives, columns=list(empty_collectives().columns))
+            pd.DataFrame(self.collectives, columns=list(COLLECTIVE_COLUMNS))
             if self.collectives
             else empty_collectives()
         )

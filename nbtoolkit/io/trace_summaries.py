@@ -6,9 +6,10 @@ steps, spans) and only the summary, a few KB, comes back. The parent never holds
 of more than the ranks a worker is reading, so its memory does not grow with the number of
 ranks; the workers' peak is that of the largest rank file.
 
-Workers are started with ``forkserver`` (``spawn`` where it is missing), never ``fork``: a
-notebook that imported torch, CUDA or Ray must not be forked. Each worker imports nbtoolkit
-once and reads many files.
+Workers are forked from a process with a single thread that has not imported torch, Ray
+or another runtime with threads of its own (a script); anywhere else (a notebook kernel,
+which runs several threads) they start with ``forkserver`` (``spawn`` where it is missing).
+Each worker reads many files.
 
 With ``cache=True`` each rank's summary and events are kept in a cache folder
 (:mod:`nbtoolkit.io.trace_cache`), so a second call reads only the summaries (near-instant)
@@ -256,7 +257,12 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     size = max(1, min(8, len(jobs) // (workers * 8)))
     chunks = [jobs[i : i + size] for i in range(0, len(jobs), size)]
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
-    pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=_context())
+    context = _context()
+    if context.get_start_method() == "fork":
+        # what this process reads with anyway: imported before the fork, the workers share it
+        import nbtoolkit.analysis.rank_summary
+        import nbtoolkit.io.kineto  # noqa: F401
+    pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context)
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
         for i in reversed(range(len(chunks))):
@@ -285,13 +291,31 @@ def _summarize_chunk(chunk: list[tuple[str, str | None, bool]]) -> list[RankOutc
 
 
 def _context() -> multiprocessing.context.BaseContext:
+    """``fork`` where it is safe, else ``forkserver`` (``spawn`` where that is missing).
+
+    Forking is safe in a process with one thread that has not imported torch or Ray (a
+    script, a batch job): the worker then starts at once and shares the parent's imported
+    modules. A notebook kernel runs several threads (and usually has torch), so it gets the
+    forkserver: a clean process that imports the reader once, from which each worker forks.
+    """
     methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and _fork_is_safe():
+        return multiprocessing.get_context("fork")
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         # the server imports the reader once; each worker forks from it, ready to read
         ctx.set_forkserver_preload(["nbtoolkit.io.trace_summaries", "nbtoolkit.analysis.rank_summary"])
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def _fork_is_safe() -> bool:
+    """One thread alive, and no runtime that keeps state a fork would break (CUDA, Ray, gRPC)."""
+    import sys
+    import threading
+
+    risky = ("torch", "ray", "grpc", "deepspeed", "jax", "tensorflow")
+    return threading.active_count() == 1 and not any(name in sys.modules for name in risky)
 
 
 def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) -> RankOutcome:

@@ -412,9 +412,14 @@ class StragglerReport(Result):
 
 
 def empty_collectives() -> pd.DataFrame:
+    """A collectives table without rows (``row`` int64, the rest object)."""
+    import numpy as np
     import pandas as pd
 
-    return pd.DataFrame({c: pd.Series(dtype="int64" if c == "row" else "object") for c in COLLECTIVE_COLUMNS})
+    # numpy arrays, not one pd.Series per column: this runs once per rank file, hundreds of times at scale
+    return pd.DataFrame(
+        {c: np.empty(0, dtype=np.int64 if c == "row" else object) for c in COLLECTIVE_COLUMNS}
+    )
 
 
 def _short(name: str, width: int = 90) -> str:
