@@ -5,7 +5,9 @@ For each N (default 8, 64, 256) a scale set is written from the 8 real ranks of
 1.5x, the others waiting for it); then, each in a fresh subprocess:
 
 - ``nbtoolkit``: ``nbt.summarize_traces(folder)`` (worker processes, one per core) and
-  ``nbt.stragglers(summary)``;
+  ``nbt.stragglers(summary)``, from a script (one thread: workers are forked);
+- ``nbtoolkit_kernel_like``: the same with a second thread running, as in a notebook kernel
+  (workers start from a forkserver);
 - ``nbtoolkit-cached``: the same with ``cache=True``, second call (the first fills the cache);
 - ``hta``: ``TraceAnalysis(trace_dir=folder)`` and ``get_comm_comp_overlap()``.
 
@@ -35,11 +37,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NBTOOLKIT = """
 import nbtoolkit as nbt
+{setup}
 summary = nbt.summarize_traces(folder, cache_dir={cache_dir!r})
 report = nbt.stragglers(summary)
 overlap = dict(zip(summary.overlap["rank"].tolist(), summary.overlap["overlap_pct"].round(4).tolist()))
 answer = {{"overlap": overlap, "straggler": report.slowest_rank if report.has_straggler else None,
           "failed": len(summary.failed)}}
+"""
+
+# A notebook kernel runs threads (IOPub, heartbeat) and has usually imported torch: the
+# workers then start from a forkserver instead of a fork (nbtoolkit.io.trace_summaries).
+KERNEL_LIKE = """
+import threading
+threading.Thread(target=threading.Event().wait, daemon=True).start()
 """
 
 HTA = """
@@ -157,9 +167,10 @@ def main() -> None:
         print(f"--- {n} ranks, {made.bytes_written / 2**20:.0f} MB of JSON", flush=True)
         cache_dir = str(args.workdir / f"cache{n}")  # outside the folder: HTA reads every file there
         shutil.rmtree(cache_dir, ignore_errors=True)
-        row["nbtoolkit"] = measure(NBTOOLKIT.format(cache_dir=None), folder)
-        measure(NBTOOLKIT.format(cache_dir=cache_dir), folder)  # fills the cache
-        row["nbtoolkit_cached"] = measure(NBTOOLKIT.format(cache_dir=cache_dir), folder)
+        row["nbtoolkit"] = measure(NBTOOLKIT.format(cache_dir=None, setup=""), folder)
+        row["nbtoolkit_kernel_like"] = measure(NBTOOLKIT.format(cache_dir=None, setup=KERNEL_LIKE), folder)
+        measure(NBTOOLKIT.format(cache_dir=cache_dir, setup=""), folder)  # fills the cache
+        row["nbtoolkit_cached"] = measure(NBTOOLKIT.format(cache_dir=cache_dir, setup=""), folder)
         if args.cluster:
             row["cluster"] = measure(CLUSTER, folder)
         if args.hta_from:
@@ -180,8 +191,11 @@ def _summarize(row: dict[str, object]) -> None:
     assert isinstance(ours, dict)
     found = ours["answer"]["straggler"]
     row["straggler_found"] = found == row["injected_straggler"]
+    kernel = row["nbtoolkit_kernel_like"]
+    assert isinstance(kernel, dict)
     line = (
         f"nbtoolkit {ours['seconds']:.1f} s {ours['peak_rss_mb']:.0f} MB; "
+        f"kernel-like {kernel['seconds']:.1f} s {kernel['peak_rss_mb']:.0f} MB; "
         f"cached {row['nbtoolkit_cached']['seconds']:.1f} s; straggler {found} "  # type: ignore[index]
         f"(injected {row['injected_straggler']})"
     )
@@ -200,10 +214,13 @@ def _summarize(row: dict[str, object]) -> None:
         if "peak_pss_mb" in hta:
             row["pss_ratio_hta_over_nbt"] = hta["peak_pss_mb"] / ours["peak_pss_mb"]
         row["max_overlap_diff_pp"] = compare_overlap(ours["answer"]["overlap"], hta["answer"]["overlap"])
+        row["kernel_like_time_ratio"] = hta["seconds"] / kernel["seconds"]
+        row["kernel_like_rss_ratio"] = hta["peak_rss_mb"] / kernel["peak_rss_mb"]
         line += (
             f"; HTA {hta['seconds']:.1f} s {hta['peak_rss_mb']:.0f} MB"
             f" -> time x{row['time_ratio_hta_over_nbt']:.1f},"
-            f" RSS x{row['rss_ratio_hta_over_nbt']:.1f}, overlap max diff {row['max_overlap_diff_pp']:.3f} pp"
+            f" RSS x{row['rss_ratio_hta_over_nbt']:.1f} (kernel-like x{row['kernel_like_time_ratio']:.1f},"
+            f" x{row['kernel_like_rss_ratio']:.1f}), overlap max diff {row['max_overlap_diff_pp']:.3f} pp"
         )
     print(line, flush=True)
 

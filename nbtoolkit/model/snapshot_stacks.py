@@ -86,6 +86,7 @@ class StackInterner:
         self.stacks: list[str] = []
         self._by_text: dict[tuple[str, str], int] = {}
         self._by_identity: dict[int, int] = {}
+        self._by_frames: dict[tuple[int, ...], int] = {}
         self._keep_alive: list[Any] = []
         self.hints: list[str] = []  # per stack: phase hint for the heuristics (see stack_hint)
         self.sources: list[str] = []  # per stack: innermost user-code frame
@@ -116,6 +117,18 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
+        # Lists made apart but holding the same (shared) frame dicts are the same stack: found by
+        # the frames' identities before any text is formatted (long runs repeat their stacks).
+        same_frames = tuple(map(id, frames))
+        index = self._by_frames.get(same_frames)
+        if index is None:
+            index = self._intern_new(frames)
+            self._by_frames[same_frames] = index
+        self._by_identity[key] = index
+        self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
+        return index
+
+    def _intern_new(self, frames: list[dict[str, Any]]) -> int:
         text = format_stack(frames, self._frame_info)
         # The text shows the Python frames only; stacks alike in it but told apart by their C++
         # frames in Mosaic's rules (e.g. the autograd engine's) stay two stacks.
@@ -128,8 +141,6 @@ class StackInterner:
             self.hints.append(stack_hint(frames))
             self.sources.append(user_source(frames))
             self.mosaic.append(mosaic)
-        self._by_identity[key] = index
-        self._keep_alive.append(frames)  # ids stay unique while we hold the objects
         return index
 
 
