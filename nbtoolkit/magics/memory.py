@@ -33,10 +33,33 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
 def _snapshot(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.snapshot import load_memory_snapshot
 
-    snapshot = load_memory_snapshot(call.resolve(args.snapshot))
+    snapshot = load_memory_snapshot(
+        call.resolve(args.snapshot),
+        devices=args.device,
+        time_range_us=_time_range(args.time_range),
+        history=not args.no_history,
+    )
     if len(snapshot.trace):  # a snapshot without allocation history has no timeline to show
         _show_memory_widget(args, call, snapshot)
     return snapshot
+
+
+def _time_range(text: str | None) -> tuple[float | None, float | None] | None:
+    """``START:END`` (either side may be empty) as load_memory_snapshot's ``time_range_us``."""
+    from nbtoolkit.errors import NbtUsageError
+
+    if text is None:
+        return None
+    start, colon, end = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return (float(start) if start.strip() else None, float(end) if end.strip() else None)
+    except ValueError:
+        raise NbtUsageError(
+            f"--time-range takes START:END in the snapshot's time_us clock (either side may be empty, "
+            f"e.g. 1.5e6: or :2e6), got {text!r}"
+        ) from None
 
 
 def _show_memory_widget(args: argparse.Namespace, call: MagicCall, source: Any) -> None:
@@ -81,6 +104,24 @@ register(
         arguments=(
             Argument(
                 "snapshot", help="a snapshot file from torch.cuda.memory._dump_snapshot(), or a variable"
+            ),
+            Argument(
+                "--no-history",
+                action="store_true",
+                help="read segments and blocks only (what stats() needs): a large file reads much faster",
+            ),
+            Argument(
+                "--device",
+                type=int,
+                action="append",
+                default=None,
+                help="keep this device only (repeat for several); applied while reading",
+            ),
+            Argument(
+                "--time-range",
+                default=None,
+                metavar="START:END",
+                help="keep the history inside this window of the snapshot's time_us clock (read filter)",
             ),
             *DISPLAY_ARGUMENTS,
             _NO_FIGURE,

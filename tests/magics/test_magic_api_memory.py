@@ -72,3 +72,36 @@ def test_memory_magic_shows_the_timeline_memory_timeline_gives(
 def test_the_old_no_figure_flag_still_runs(shell: InteractiveShell) -> None:
     result = shell.run_cell_magic("nbt", "memory --no-figure", "x = [0] * 10\n")
     assert isinstance(result, nbt.MemoryTimeline)
+
+
+def test_snapshot_magic_reads_with_the_api_filters(
+    shell: InteractiveShell, tmp_path: Path, assert_same_display: Callable[..., None]
+) -> None:
+    two_devices = {
+        "segments": [*SNAPSHOT["segments"], {**SNAPSHOT["segments"][0], "device": 1, "address": 1 << 20}],
+        "device_traces": [
+            [*SNAPSHOT["device_traces"][0], {"action": "free_requested", "addr": 4096, "size": 2000,
+                                            "time_us": 50, "frames": FRAMES}],
+            [],
+        ],
+    }  # fmt: skip
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(two_devices))
+    line = f"snapshot {path} --device 0 --time-range 1:10"
+    from_magic = shell.run_line_magic("nbt", line)
+    assert_same_display(from_magic, load_memory_snapshot(path, devices=0, time_range_us=(1, 10)))
+    assert set(from_magic.segments["device"]) == {0} and len(from_magic.trace) == 1
+    segments_only = shell.run_line_magic("nbt", f"snapshot {path} --no-history")
+    assert len(segments_only.trace) == 0 and set(segments_only.segments["device"]) == {0, 1}
+    assert segments_only.stats() == load_memory_snapshot(path).stats()
+
+
+def test_snapshot_magic_names_a_malformed_time_range(shell: InteractiveShell, tmp_path: Path) -> None:
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT))
+    result = shell.run_cell(f"%nbt snapshot {path} --time-range 5-9")
+    assert isinstance(result.error_in_exec, nbt.NbtUsageError)
+    message = str(result.error_in_exec)
+    assert "--time-range takes START:END" in message and "'5-9'" in message
+    # the kernel goes on: an open range reads everything
+    assert len(shell.run_line_magic("nbt", f"snapshot {path} --time-range :").trace) == 1
