@@ -10,6 +10,8 @@ imports, load, stats) and reports wall time and the process's peak RSS:
 * ``nbtoolkit full``: ``load_memory_snapshot(path).stats()`` — everything, history included,
   streaming (columns built while the unpickler runs);
 * ``nbtoolkit filtered``: one device and a tenth of the time range, applied while reading;
+* ``nbtoolkit cache: first`` / ``again``: ``load_memory_snapshot(path, cache_dir=...)`` twice: the
+  first reads the pickle and writes its Parquet cache, the second reads the cache;
 * ``memory_viz stats``: torch's own command on the same file (or its failure, e.g. out of memory).
 
 Targets (issue 24): load + stats <= 10 s and peak RSS <= 2x the file. The machine is shared:
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +59,17 @@ BODIES = {
         "window = (float(sys.argv[2]), float(sys.argv[3]))\n"
         "snap = nbt.load_memory_snapshot(sys.argv[1], devices=3, time_range_us=window)\n"
         "answer = snap.stats().lines() + [f'{len(snap.trace):,} trace entries']\n"
+    ),
+    # cache=True: the first load also writes Parquet beside the file; the second reads that
+    "nbtoolkit cache: first": (
+        "import nbtoolkit as nbt\n"
+        "snap = nbt.load_memory_snapshot(sys.argv[1], cache_dir=sys.argv[1] + '.nbt-cache')\n"
+        "answer = snap.stats().lines() + [f'{len(snap.trace):,} trace entries']\n"
+    ),
+    "nbtoolkit cache: again": (
+        "import nbtoolkit as nbt\n"
+        "snap = nbt.load_memory_snapshot(sys.argv[1], cache_dir=sys.argv[1] + '.nbt-cache')\n"
+        "answer = snap.stats().lines() + [f'{len(snap.trace):,} trace entries'] + snap.notes[-1:]\n"
     ),
     "memory_viz stats": (
         "import io, contextlib, runpy\n"
@@ -149,6 +163,8 @@ def main() -> None:
     rows = []
     for name in args.tools:
         extra = window if name == "nbtoolkit filtered" else []
+        if name == "nbtoolkit cache: first":
+            shutil.rmtree(f"{path}.nbt-cache", ignore_errors=True)
         result = measure(name, path, extra, args.timeout, args.memory_limit_gb)
         rows.append(result)
         if "failed" in result:
