@@ -215,6 +215,11 @@ class Comparison(Result):
             return None
         return provided("Comparison.memory_diff")(self.before, self.after, labels=("before", "after"))
 
+    def _memory_reading(self) -> str:
+        """The memory diff in one sentence for the summary ('' without memory data on both sides)."""
+        diff = self.memory_diff()
+        return str(diff.reading()) if diff is not None else ""
+
     def table(self) -> pd.DataFrame:
         """One row per metric: ``metric``, ``before``, ``after``, ``change`` (after/before)."""
         import pandas as pd
@@ -257,6 +262,9 @@ class Comparison(Result):
         lines = [f"Comparison: {self._summary()}"]
         if self.changes:
             lines.append("changes: " + "; ".join(self.changes))
+        memory = self._memory_reading()
+        if memory:
+            lines.append(f"memory: {memory}")
         width = max(len(m) for m in frame["metric"])
         bw = max(6, *(len(v) for v in frame["before"]))
         aw = max(5, *(len(v) for v in frame["after"]))
@@ -272,6 +280,9 @@ class Comparison(Result):
         parts = [f"<div class='nbt-comparison'><p><b>Comparison</b>: {escape(self._summary())}</p>"]
         if self.changes:
             parts.append("<p>changes: " + "; ".join(escape(c) for c in self.changes) + "</p>")
+        memory = self._memory_reading()
+        if memory:
+            parts.append(f"<p>memory: {escape(memory)}</p>")
         parts.append(html_table(self.table(), max_rows=100))
         parts.extend(f"<p><i>note: {escape(n)}</i></p>" for n in self.notes)
         parts.append("</div>")

@@ -177,8 +177,13 @@ def test_optimize_comparison_carries_the_memory_diff() -> None:
     diff = Comparison(before=before, after=after).memory_diff()
     assert diff is not None and diff.labels == ("before", "after")
     assert diff.peak_delta_bytes == -140 and list(diff.by_category["delta_bytes"]) == [-140, 0]
+    # shown with the comparison, without a call: what optimize() displays
+    shown = repr(Comparison(before=before, after=after))
+    assert "memory: the peak shrank by 140 B from before to after; most in activation" in shown
+    assert "memory: the peak shrank" in Comparison(before=before, after=after)._repr_html_()
     unmeasured = Measurement(label="after", step_time_s=1.0, step_time_spread_s=0.0)
     assert Comparison(before=before, after=unmeasured).memory_diff() is None
+    assert "memory:" not in repr(Comparison(before=before, after=unmeasured))
 
 
 def test_optimize_fills_the_diff_from_its_own_measurements() -> None:
