@@ -264,14 +264,18 @@ def live_tensor_bytes() -> int:
     import gc
 
     import torch
+    from torch._subclasses.fake_tensor import FakeTensor
 
     seen: set[int] = set()
     total = 0
     for obj in gc.get_objects():
         try:
             # type(), not isinstance(): isinstance reads __class__, which some module-level
-            # proxies (torch.distributed.reduce_op) answer with a deprecation warning
-            if not issubclass(type(obj), torch.Tensor) or obj.is_meta:
+            # proxies (torch.distributed.reduce_op) answer with a deprecation warning.
+            # Fake tensors (left alive by torch.compile's tracing) hold no memory, and reading
+            # their data pointer warns: they are skipped like meta tensors.
+            kind = type(obj)
+            if not issubclass(kind, torch.Tensor) or issubclass(kind, FakeTensor) or obj.is_meta:
                 continue
             storage = obj.untyped_storage()
             key = storage.data_ptr()

@@ -259,9 +259,12 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
     context = _context()
     if context.get_start_method() == "fork":
-        # what this process reads with anyway: imported before the fork, the workers share it
-        import nbtoolkit.analysis.rank_summary
+        # what this process reads with anyway, imported before the fork so the workers share
+        # it: the reader, and the rank summary (an upper layer, found through its registration)
         import nbtoolkit.io.kineto  # noqa: F401
+        from nbtoolkit.model._providers import provided
+
+        provided("Trace.summarize")
     pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context)
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]

@@ -208,3 +208,23 @@ def test_refuses_to_nest_inside_another_profiler() -> None:
 
     with torch.profiler.profile(), pytest.raises(CaptureError, match="already recording"):
         nbt.memory_timeline(lambda: torch.ones(4))
+
+
+def test_live_tensor_bytes_counts_real_storage_and_skips_fake_tensors() -> None:
+    """Fake tensors left alive by torch.compile hold no memory; reading their data pointer warns."""
+    import warnings
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nbtoolkit.capture.memory_profile import live_tensor_bytes
+
+    before = live_tensor_bytes()
+    real = torch.ones(256, 1024)  # 1 MiB
+    with FakeTensorMode():
+        fake = torch.empty(4096, 4096)  # 64 MiB, nominally
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        after = live_tensor_bytes()
+    assert after - before == real.untyped_storage().nbytes() == 1 << 20
+    assert fake.shape == (4096, 4096)  # alive during the count
