@@ -100,6 +100,9 @@ def test_cluster_walkthrough_streams_rank_output_and_renders_per_rank_results(
     assert "[rank 1] hello from rank 1 of 2, backend gloo" in text
     assert "memory timelines of 2 ranks" in text  # the RankMemory table
     assert "peaks within 10% of each other: True" in text
+    # hundreds of ranks, read by workers a real kernel starts (forkserver), and on the cluster
+    assert "64 ranks, 0 failed" in text and "the injected straggler is the slowest rank: True" in text
+    assert "same overlap as the local read: True" in text
     assert "cluster stopped" in text
     assert page.plotly_figures >= 1, "no plotly figure rendered"
     assert page.nbt_outputs >= 2, "nbtoolkit tables (overlap, per-rank memory) did not render"
