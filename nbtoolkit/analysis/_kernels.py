@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.model.steps import is_profiler_step_label, profiler_step_names
+from nbtoolkit.model.steps import profiler_step_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,7 +162,7 @@ def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> 
     keep = np.ones(len(frame), dtype=bool)
     filtered = False
     if count_step_labels(trace) >= 2:
-        step_names = [c for c in names.cat.categories if is_profiler_step_label(str(c))]
+        step_names = profiler_step_names(names.cat.categories)
         is_step = names.isin(step_names).to_numpy() & ~on_gpu
         if is_step.any():
             last_start = ts[is_step].max()

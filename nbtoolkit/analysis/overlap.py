@@ -39,7 +39,7 @@ from nbtoolkit.analysis import _kernels as k
 from nbtoolkit.analysis._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.inputs import as_trace
-from nbtoolkit.model.steps import step_labels
+from nbtoolkit.model.steps import step_number_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -361,11 +361,10 @@ def _step_windows(view: k.DeviceView) -> dict[int, tuple[float, float]]:
     """(first start, last end) of each ProfilerStep on the host."""
     host = view.host_rows
     codes, categories = view.codes("name", host)
-    numbers = step_labels(categories)
-    if not numbers:
+    step_of_code = step_number_table(categories)
+    if step_of_code is None:
         return {}
     # numpy on the category codes: this runs once per rank, hundreds of times at scale
-    step_of_code = np.array([numbers.get(str(c), -1) for c in categories.to_numpy()] + [-1], dtype=np.int64)
     steps = step_of_code[codes]
     rows = steps >= 0
     ts, end, steps = view.values("ts", host[rows]), view.values("end", host[rows]), steps[rows]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbtoolkit.errors import SnapshotError
-from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME
+from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, file_identity
 
 if TYPE_CHECKING:
     from nbtoolkit.model.snapshot import MemorySnapshot
@@ -39,12 +39,11 @@ SNAPSHOT_CACHE_FORMAT = 1
 
 def cache_folder(source: Path, keep: SnapshotFilter, cache_dir: Path | None) -> Path:
     """Where the snapshot read from ``source`` with ``keep`` is (or will be) cached."""
-    st = source.stat()
     devices = sorted(keep.devices) if keep.devices is not None else None
     filters = repr((devices, keep.time_range_us, keep.history)).encode()
     digest = hashlib.sha256(filters).hexdigest()[:12]
     root = cache_dir if cache_dir is not None else source.parent / DEFAULT_CACHE_NAME
-    return root / f"{source.name}-{st.st_size}-{st.st_mtime_ns}-{digest}-v{SNAPSHOT_CACHE_FORMAT}"
+    return root / f"{file_identity(source)}-{digest}-v{SNAPSHOT_CACHE_FORMAT}"
 
 
 def cached_snapshot(

@@ -22,7 +22,15 @@ from nbtoolkit.errors import TraceError
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["CACHE_FORMAT", "DEFAULT_CACHE_NAME", "cache_key", "read_events", "read_summary", "write_rank"]
+__all__ = [
+    "CACHE_FORMAT",
+    "DEFAULT_CACHE_NAME",
+    "cache_key",
+    "file_identity",
+    "read_events",
+    "read_summary",
+    "write_rank",
+]
 
 CACHE_FORMAT = 2
 DEFAULT_CACHE_NAME = ".nbt-cache"
@@ -30,8 +38,13 @@ DEFAULT_CACHE_NAME = ".nbt-cache"
 
 def cache_key(file: Path) -> str:
     """``<name>-<size>-<mtime_ns>-v<format>``: changes whenever the file does."""
+    return f"{file_identity(file)}-v{CACHE_FORMAT}"
+
+
+def file_identity(file: Path) -> str:
+    """``<name>-<size>-<mtime_ns>``: what a cache entry made from ``file`` is keyed by."""
     st = file.stat()
-    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
+    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str, Any] | None:

@@ -299,7 +299,7 @@ def _context() -> multiprocessing.context.BaseContext:
     Forking is safe in a process with one thread that has not imported torch or Ray (a
     script, a batch job): the worker then starts at once and shares the parent's imported
     modules. A notebook kernel runs several threads (and usually has torch), so it gets the
-    forkserver: a clean process that imports the reader once, from which each worker forks.
+    forkserver: a bare process from which each worker forks, then imports the reader itself.
     """
     methods = multiprocessing.get_all_start_methods()
     if "fork" in methods and _fork_is_safe():

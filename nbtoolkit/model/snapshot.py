@@ -197,7 +197,6 @@ class MemorySnapshot(Result):
     @classmethod
     def load(cls, path: str | Path) -> MemorySnapshot:
         """Read a snapshot folder written by :meth:`save`."""
-
         from nbtoolkit.errors import SnapshotError
 
         folder = Path(path)

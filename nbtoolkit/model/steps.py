@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from nbtoolkit.errors import TraceError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 __all__ = [
@@ -27,7 +28,9 @@ __all__ = [
     "is_profiler_step_label",
     "parse_profiler_step",
     "profiler_step_label",
+    "profiler_step_names",
     "step_labels",
+    "step_number_table",
     "steps_table",
 ]
 
@@ -62,6 +65,7 @@ def parse_profiler_step(name: str, *, source: str = "") -> int:
 
 def profiler_step_names(names: Iterable[object]) -> list[str]:
     """The names among ``names`` that are ProfilerStep labels (well formed or not), unparsed."""
+    # a pandas Index iterates ten times slower than its numpy array (this runs per rank at scale)
     values = names.to_numpy() if hasattr(names, "to_numpy") else names
     return [str(n) for n in values if is_profiler_step_label(str(n))]
 
@@ -72,14 +76,20 @@ def step_labels(names: Iterable[object], *, source: str = "") -> dict[str, int]:
     Every name that starts with ``ProfilerStep`` must be a well-formed label (else a TraceError
     naming ``source``); other names are ignored.
     """
-    out: dict[str, int] = {}
-    # a pandas Index iterates ten times slower than its numpy array (this runs per rank at scale)
-    values = names.to_numpy() if hasattr(names, "to_numpy") else names
-    for name in values:
-        text = str(name)
-        if is_profiler_step_label(text):
-            out[text] = parse_profiler_step(text, source=source)
-    return out
+    return {text: parse_profiler_step(text, source=source) for text in profiler_step_names(names)}
+
+
+def step_number_table(categories: pd.Index, *, source: str = "") -> np.ndarray | None:
+    """Step number per category code, plus a trailing -1 for code -1 (missing); None without step labels.
+
+    Indexed by a categorical's codes it gives each row's step (-1: not a step annotation).
+    """
+    import numpy as np
+
+    numbers = step_labels(categories, source=source)
+    if not numbers:
+        return None
+    return np.array([numbers.get(str(c), -1) for c in categories.to_numpy()] + [-1], dtype=np.int64)
 
 
 def host_steps(rank: int, frame: pd.DataFrame, *, source: str = "") -> pd.DataFrame:
@@ -95,12 +105,11 @@ def host_steps(rank: int, frame: pd.DataFrame, *, source: str = "") -> pd.DataFr
     if hasattr(names, "cat"):
         distinct, codes = names.cat.categories, names.cat.codes.to_numpy()
     else:
-        codes, distinct = pd.factorize(names.to_numpy())
-    numbers = step_labels(distinct, source=source)
-    if not numbers:
+        codes, distinct = pd.factorize(names)
+    step_of_code = step_number_table(distinct, source=source)
+    if step_of_code is None:
         return empty_steps()
     # numpy on the codes, no frame of the rows: this runs once per rank file, hundreds of times at scale
-    step_of_code = np.array([numbers.get(str(c), -1) for c in distinct.to_numpy()] + [-1], dtype=np.int64)
     steps = step_of_code[codes]
     host = (steps >= 0) & (frame["stream"].to_numpy() < 0)
     return pd.DataFrame(

@@ -126,3 +126,22 @@ def test_load_trace_names_what_it_takes(bad):
         nbt.load_trace(bad)
     shown = "got None" if bad is None else f"{type(bad).__name__} ({bad!r})"
     assert "or a Trace" in str(info.value) and shown in str(info.value)
+
+
+def test_host_steps_read_plain_and_categorical_names_alike():
+    """A frame built by hand has plain string names; the loader's are categorical: same steps."""
+    import pandas as pd
+
+    from nbtoolkit.model.steps import host_steps
+
+    frame = pd.DataFrame(
+        {
+            "name": ["ProfilerStep#1", "aten::mm", "ProfilerStep#2", "ProfilerStep#2"],
+            "stream": [-1, -1, -1, 7],  # the last: the annotation's copy on a device stream
+            "ts": [0.0, 1.0, 5.0, 5.5],
+            "dur": [4.0, 1.0, 4.0, 3.0],
+        }
+    )
+    plain = host_steps(3, frame)
+    assert plain.to_dict("list") == {"rank": [3, 3], "step": [1, 2], "ts": [0.0, 5.0], "dur": [4.0, 4.0]}
+    pd.testing.assert_frame_equal(plain, host_steps(3, frame.assign(name=frame["name"].astype("category"))))
