@@ -163,6 +163,7 @@ def capture_graphs(
     import torch
 
     from nbtoolkit.io.compile_events import CompileEventParser
+    from nbtoolkit.io.user_source import SourcePolicy
     from nbtoolkit.model.graphs import GraphReport
 
     original = getattr(fn, "_orig_mod", None)  # a torch.compile'd nn.Module: name the module
@@ -198,7 +199,7 @@ def capture_graphs(
             error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         records = list(collector.records)
 
-    parser = CompileEventParser(source=name)
+    parser = CompileEventParser(source=name, source_policy=SourcePolicy.live())
     for metadata, payload in records:
         parser.add(metadata, payload)
     frames = parser.frames()

@@ -32,9 +32,10 @@ in order of first appearance, which is the key order of tlparse's ``compile_dire
 The break's text is parsed by :mod:`nbtoolkit.io.graph_break_text`; the frames' columns
 and dtypes are :data:`nbtoolkit.model.graph_schema.FRAME_COLUMNS`.
 
-This module holds no I/O beyond reading source lines of user files for context (through
-``linecache``, which also knows notebook cells) and imports neither torch nor pandas at
-module level.
+This module holds no I/O beyond reading source lines of user files for context, where the
+parser's :class:`~nbtoolkit.io.user_source.SourcePolicy` allows it (nothing by default: a live
+capture allows its own files and cells, a log read from disk only the folders the user names),
+and imports neither torch nor pandas at module level.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from nbtoolkit.io.graph_break_text import (
     parse_graph_break_text,
     source_context,
 )
+from nbtoolkit.io.user_source import SourcePolicy
 from nbtoolkit.model.graph_schema import FRAME_COLUMNS
 
 if TYPE_CHECKING:
@@ -84,9 +86,11 @@ class CompileEventParser:
 
     ``add`` takes one record's envelope (``metadata``) and its payload text; the caller
     tells the rank when the file name knows it better than the envelope does.
+    ``source_policy`` says which files the breaks' source context may be read from.
     """
 
     source: str = ""
+    source_policy: SourcePolicy = field(default_factory=SourcePolicy)
     notes: list[str] = field(default_factory=list)
     compile_ids: list[tuple[int | None, str]] = field(default_factory=list)
     _seen_ids: set[tuple[int | None, CompileKey]] = field(default_factory=set)
@@ -255,7 +259,7 @@ class CompileEventParser:
         for i, b in enumerate(self._breaks):
             key = b["key"]
             p: GraphBreakText = b["parsed"]
-            source_line, context = source_context(p.user_file, p.user_line)
+            source_line, context = source_context(p.user_file, p.user_line, policy=self.source_policy)
             breaks.append(
                 {
                     "break": i,

@@ -37,12 +37,15 @@ import io
 import os
 import re
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbtoolkit.errors import CompileLogError
 from nbtoolkit.io.bounded import max_read_bytes, open_regular, read_limit
 from nbtoolkit.io.compile_events import CompileEventParser
+from nbtoolkit.io.user_source import SourcePolicy
+from nbtoolkit.io.user_source import describe as describe_source_policy
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.units import format_bytes
 
@@ -60,7 +63,12 @@ class CompileLogWarning(UserWarning):
     """Some lines of a TORCH_TRACE log were damaged and skipped (the report's notes list them)."""
 
 
-def load_compile_log(path: str | Path, *, max_bytes: int | str | None = None) -> GraphReport:
+def load_compile_log(
+    path: str | Path,
+    *,
+    max_bytes: int | str | None = None,
+    source_roots: str | Path | Iterable[str | Path] | None = None,
+) -> GraphReport:
     """Read a TORCH_TRACE log file, or a folder of per-rank logs, into a GraphReport.
 
     Folders: every ``*.log`` file with at least one structured record is read; the rank
@@ -70,19 +78,32 @@ def load_compile_log(path: str | Path, *, max_bytes: int | str | None = None) ->
     ``path`` is missing or holds no readable log, or a file is not a regular file (a FIFO, a
     device) or larger than ``max_bytes`` (default ``NBT_MAX_READ_BYTES``, else 8 GiB; see
     :mod:`nbtoolkit.io.bounded`).
+
+    Source context: a log may come from another machine and name any file, so by default no
+    source file is read; each break still has its file, line and the source line torch wrote
+    into the log. ``source_roots`` names the folders holding the code (e.g. ``"."``): regular
+    ``.py`` files under them give the breaks a few lines of context (see
+    :mod:`nbtoolkit.io.user_source`).
     """
     if not is_path(path):
         raise wrong_type("load_compile_log()", "the path of a TORCH_TRACE .log file or of its folder", path)
+    if source_roots is not None and not (is_path(source_roots) or _are_paths(source_roots)):
+        raise wrong_type("load_compile_log(source_roots=)", "a folder or a list of folders", source_roots)
+    policy = SourcePolicy.from_roots(source_roots)
     with read_limit(max_bytes):
-        return _load(Path(path).expanduser())
+        return _load(Path(path).expanduser(), policy)
 
 
-def _load(target: Path) -> GraphReport:
+def _are_paths(value: object) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset)) and all(is_path(v) for v in value)
+
+
+def _load(target: Path, policy: SourcePolicy) -> GraphReport:
     from nbtoolkit.model.graphs import GraphReport
 
     if not target.exists():
         raise CompileLogError(f"compile log not found: {target}. Pass a TORCH_TRACE .log file or its folder.")
-    parser = CompileEventParser(source=str(target))
+    parser = CompileEventParser(source=str(target), source_policy=policy)
     ranks: list[int] = []
     if target.is_dir():
         files = sorted(p for p in target.iterdir() if p.is_file())
@@ -114,6 +135,8 @@ def _load(target: Path) -> GraphReport:
                 "(lines like `V0403 07:28:48.051000 1234 torch/_dynamo/...] {{...}}`)?"
             )
     frames = parser.frames()
+    if not frames["breaks"].empty and not policy.roots:
+        parser.notes.append(describe_source_policy(policy))
     if frames["breaks"].empty and (frames["failures"]["failure_type"] == "RestartAnalysis").any():
         parser.notes.append(
             "this log has no graph-break records (newer torch logs each break as a dynamo_graph_break_reason "

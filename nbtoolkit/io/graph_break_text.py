@@ -5,7 +5,8 @@ graph break (torch/_dynamo/symbolic_convert.py: ``log_graph_break`` and
 torch/_dynamo/exc.py: ``format_graph_break_message``). :func:`parse_graph_break_text`
 reads its type, explanation, hints, registry id and link, and the user's file, line and
 function; :func:`source_context` reads a few numbered lines of the user's source around
-the break (through ``linecache``, which also knows notebook cells).
+the break, only where a :class:`~nbtoolkit.io.user_source.SourcePolicy` allows it (a log can
+name any file: see :mod:`nbtoolkit.io.user_source`).
 
 torch is not imported: its graph-break registry (the ``GBnnnn`` ids of messages that carry
 no link) is read as JSON from the installed package.
@@ -16,10 +17,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import linecache
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from nbtoolkit.io.user_source import SourcePolicy, read_source_lines
 
 __all__ = ["CONTEXT_LINES", "GRAPH_BREAK_SITE", "GraphBreakText", "parse_graph_break_text", "source_context"]
 
@@ -226,12 +228,15 @@ def _registry_ids() -> dict[str, str]:
 
 
 def source_context(
-    file: str | None, line: int | None, *, around: int = CONTEXT_LINES
+    file: str | None, line: int | None, *, policy: SourcePolicy | None = None, around: int = CONTEXT_LINES
 ) -> tuple[str | None, str]:
-    """The source line and a few numbered lines around it, when the file (or notebook cell) is known."""
-    if not file or not line:
+    """The source line and a few numbered lines around it, where ``policy`` allows reading the file.
+
+    The default policy reads nothing: a file name from a log is not a reason to open a file.
+    """
+    if not file or not line or line < 1 or policy is None:
         return None, ""
-    lines = linecache.getlines(file)
+    lines = read_source_lines(file, policy)
     if not lines or line > len(lines):
         return None, ""
     first = max(1, line - around)

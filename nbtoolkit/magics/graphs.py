@@ -25,7 +25,8 @@ def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
 def _compile_log(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.io.compile_log import load_compile_log
 
-    return load_compile_log(call.resolve(args.path))
+    roots = [call.resolve(root) for root in args.source_root] if args.source_root else None
+    return load_compile_log(call.resolve(args.path), source_roots=roots)
 
 
 register(
@@ -54,7 +55,17 @@ register(
         name="compile-log",
         summary="graphs, breaks, recompiles and failures from TORCH_TRACE logs (a file or a folder of ranks)",
         mode="line",
-        arguments=(Argument("path", help="a TORCH_TRACE .log file or a folder of per-rank logs"),),
+        arguments=(
+            Argument("path", help="a TORCH_TRACE .log file or a folder of per-rank logs"),
+            Argument(
+                "--source-root",
+                action="append",
+                default=None,
+                metavar="DIR",
+                help="a folder holding the logged code: breaks show source lines from .py files under it "
+                "(repeatable; default: no source is read, the log may come from elsewhere)",
+            ),
+        ),
         handler=_compile_log,
     )
 )

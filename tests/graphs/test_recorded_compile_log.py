@@ -100,7 +100,7 @@ def log_file(recorded: tuple[Path, Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def report(log_file: Path) -> GraphReport:
-    return nbt.load_compile_log(log_file)
+    return nbt.load_compile_log(log_file, source_roots=log_file.parent.parent)
 
 
 def import_compiled_module(module_path: Path) -> ModuleType:
@@ -210,13 +210,14 @@ def test_folder_reads_like_its_file_and_skips_stray_files(
     recorded: tuple[Path, Path], log_file: Path, report: GraphReport, tmp_path: Path
 ) -> None:
     """The TORCH_TRACE folder gives the file's report; non-log and empty files are skipped with a note."""
-    from_folder = nbt.load_compile_log(recorded[1])
+    roots = recorded[0].parent
+    from_folder = nbt.load_compile_log(recorded[1], source_roots=roots)
     messy = tmp_path / "messy"
     messy.mkdir()
     shutil.copy(log_file, messy / log_file.name)
     (messy / "README.txt").write_text("not a log")
     (messy / "empty.log").write_text("")
-    from_messy = nbt.load_compile_log(messy)
+    from_messy = nbt.load_compile_log(messy, source_roots=[roots])
     for folder_report in (from_folder, from_messy):
         assert folder_report.compile_ids == report.compile_ids
         for name in ("graphs", "breaks", "recompiles", "failures", "compiles"):
@@ -275,12 +276,23 @@ def test_explorer_and_code_view_of_the_recorded_breaks(report: GraphReport) -> N
 def test_compile_log_magic_reads_the_recorded_folder(
     shell: InteractiveShell, recorded: tuple[Path, Path], report: GraphReport
 ) -> None:
-    """%nbt compile-log PATH gives the report load_compile_log gives and stores it under --name."""
-    shell.run_line_magic("nbt", f"compile-log {recorded[1]} --name recorded_log")
+    """%nbt compile-log PATH --source-root DIR gives the report load_compile_log gives, under --name.
+
+    Without --source-root no source file is read (the log may come from elsewhere): the breaks
+    keep the source line torch logged, and a note says how to get the context.
+    """
+    shell.run_line_magic(
+        "nbt", f"compile-log {recorded[1]} --source-root {recorded[0].parent} --name recorded_log"
+    )
     from_magic: Any = shell.user_ns["recorded_log"]
     assert isinstance(from_magic, GraphReport)
     for name in ("graphs", "breaks", "recompiles"):
         pd.testing.assert_frame_equal(getattr(from_magic, name), getattr(report, name))
+    shell.run_line_magic("nbt", f"compile-log {recorded[1]} --name no_roots")
+    bare: Any = shell.user_ns["no_roots"]
+    assert (bare.breaks["source_context"] == "").all()
+    assert list(bare.breaks["source_line"]) == list(report.breaks["source_line"])
+    assert any("source_roots=" in note for note in bare.notes)
 
 
 # ------------------------------------------------------------------------- against live torch
