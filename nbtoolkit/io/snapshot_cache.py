@@ -10,8 +10,10 @@ code when read) and the next call with the same file and the same read filters l
 The key holds the file's name, size and modification time (nanoseconds), the read filters
 (devices, time range, history) and the cache format: a file that changes is read again. The
 folder is ``<snapshot's folder>/.nbt-cache`` (as for traces) or ``cache_dir``. A cache that
-cannot be written (read-only folder, full disk) costs speed next time, never this result; a
-cache folder that is damaged is read from the pickle again and rewritten.
+cannot be written (read-only folder, full disk, a symbolic link where the cache folder should
+be) costs speed next time, never this result; a cache folder that is damaged is read from the
+pickle again and rewritten. No link is followed, in reading or in writing
+(:mod:`nbtoolkit.io.cache_folder`).
 
 The row budget (``max_rows``) guards unpickling: it applies when the cache is made.
 """
@@ -19,13 +21,12 @@ The row budget (``max_rows``) guards unpickling: it applies when the cache is ma
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbtoolkit.errors import SnapshotError
+from nbtoolkit.io.cache_folder import is_plain_folder, usable_cache_folder, write_cached_folder
 from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, file_identity
 
 if TYPE_CHECKING:
@@ -53,7 +54,12 @@ def cached_snapshot(
     from nbtoolkit.model.snapshot import MemorySnapshot
 
     folder = cache_folder(source, keep, cache_dir)
-    if (folder / "snapshot.json").is_file():
+    root, refused = usable_cache_folder(folder.parent)  # a link there is never read nor written
+    if root is None:
+        snapshot = read()
+        snapshot.notes.append(f"could not write the cache ({refused}); next time the pickle is read")
+        return snapshot
+    if is_plain_folder(folder) and (folder / "snapshot.json").is_file():
         try:
             snapshot = MemorySnapshot.load(folder)
         except SnapshotError:
@@ -62,21 +68,10 @@ def cached_snapshot(
             snapshot.notes.append(f"read from the cache {folder} (made from {source.name} once)")
             return snapshot
     snapshot = read()
-    problem = _write(snapshot, folder)
-    if problem:
-        snapshot.notes.append(f"could not write the cache {folder} ({problem}); next time the pickle is read")
-    return snapshot
-
-
-def _write(snapshot: MemorySnapshot, folder: Path) -> str:
-    """Save whole, then rename: another process never reads half a cache. '' or the problem."""
-    partial = folder.with_name(f".{folder.name}.{os.getpid()}")
     try:
-        shutil.rmtree(partial, ignore_errors=True)
-        snapshot.save(partial)
-        shutil.rmtree(folder, ignore_errors=True)  # a damaged one
-        partial.replace(folder)
+        write_cached_folder(root, folder.name, snapshot.save)
     except OSError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        return exc.strerror or str(exc)
-    return ""
+        snapshot.notes.append(
+            f"could not write the cache {folder} ({exc.strerror or exc}); next time the pickle is read"
+        )
+    return snapshot

@@ -7,17 +7,24 @@ again and a second summary of the same folder reads only the small summaries.
 
 The cache folder is ``<traces folder>/.nbt-cache`` by default (hidden: the loaders skip it),
 or the folder the caller names (when the traces' folder is read-only). Nothing here is a
-pickle: a cache folder may be shared, and reading it must not run code.
+pickle: a cache folder may be shared, and reading it must not run code. Nor does it follow a
+link: files and folders are read and written through :mod:`nbtoolkit.io.cache_folder`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import TraceError
+from nbtoolkit.io.cache_folder import (
+    is_plain_folder,
+    read_cached_file,
+    usable_cache_folder,
+    write_cached_file,
+    write_cached_folder,
+)
 
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
@@ -49,10 +56,12 @@ def file_identity(file: Path) -> str:
 
 def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str, Any] | None:
     """The cached summary records of a rank file (``TraceSummary.to_records``), or None."""
-    path = cache_dir / f"{key}.summary.json"
+    raw = read_cached_file(cache_dir, f"{key}.summary.json")
+    if raw is None:
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return None
     if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
         return None  # a cache from another version: read the trace again
@@ -64,15 +73,15 @@ def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str
 
 def write_rank(cache_dir: Path, key: str, records: dict[str, Any], trace: Trace | None) -> None:
     """Cache a rank's summary records (and events, when given); an unwritable cache is skipped."""
+    folder, _ = usable_cache_folder(cache_dir)
+    if folder is None:
+        return  # a link or a file where the cache should be: the caller has said so in a note
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
         if trace is not None:
-            trace.save(cache_dir / key)
+            write_cached_folder(folder, key, trace.save)
         data = {"format": CACHE_FORMAT, "include_last_step": records["include_last_step"], "records": records}
         # written whole, then renamed: a reader never sees half a summary
-        tmp = cache_dir / f".{key}.summary.json.{os.getpid()}"
-        tmp.write_text(json.dumps(data, default=_plain))
-        tmp.replace(cache_dir / f"{key}.summary.json")
+        write_cached_file(folder, f"{key}.summary.json", json.dumps(data, default=_plain).encode())
     except OSError:
         return  # a read-only or full disk costs speed next time, not this result
 
@@ -81,8 +90,8 @@ def read_events(cache_dir: Path, key: str) -> Trace | None:
     from nbtoolkit.model.trace import Trace
 
     folder = cache_dir / key
-    if not (folder / "trace.json").exists():
-        return None
+    if not is_plain_folder(folder) or not (folder / "trace.json").is_file():
+        return None  # missing, or holding a link (which Trace.load would follow)
     try:
         return Trace.load(folder)
     except TraceError:

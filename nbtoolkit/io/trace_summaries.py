@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from nbtoolkit.errors import NbtUsageError, TraceError
+from nbtoolkit.io.cache_folder import usable_cache_folder
 from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, cache_key, read_events, read_summary, write_rank
 from nbtoolkit.model._providers import provides
 
@@ -89,12 +90,16 @@ def summarize_traces(
     if on_error not in ("skip", "raise"):
         raise NbtUsageError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     folder: Path | None = None
+    notes = []
     if cache_dir is not None:
         folder = Path(cache_dir).expanduser()
     elif cache:
         folder = (root if root.is_dir() else root.parent) / DEFAULT_CACHE_NAME
+    if folder is not None:
+        folder, refused = usable_cache_folder(folder)
+        if refused:
+            notes.append(f"did not cache: {refused}")
     outcomes = _run_all(files, folder, include_last_step, _worker_count(workers, len(files)))
-    notes = []
     if skipped:
         notes.append(
             f"skipped {len(skipped)} file(s) that are not .json/.json.gz traces: "
@@ -109,6 +114,8 @@ def summarize_files(
 ) -> list[RankOutcome]:
     """Summarize the given files here (or with ``workers`` processes): what a cluster node runs."""
     folder = Path(cache_dir).expanduser() if cache_dir else None
+    if folder is not None:
+        folder, _ = usable_cache_folder(folder)  # a link or a file: no cache on this node
     return _run_all([Path(f) for f in files], folder, include_last_step, _worker_count(workers, len(files)))
 
 
