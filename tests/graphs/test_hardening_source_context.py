@@ -198,3 +198,27 @@ def test_source_roots_of_the_wrong_type_are_one_clear_error(tmp_path: Path) -> N
     log = _log(tmp_path, [("/x.py", 1)])
     with pytest.raises(nbt.NbtUsageError, match="source_roots"):
         nbt.load_compile_log(log, source_roots=3)  # type: ignore[arg-type]
+
+
+def test_a_hostile_break_text_is_escaped_in_the_html_and_the_report(tmp_path: Path) -> None:
+    """Markup in a log's reason, explanation, hint and file name reaches HTML only escaped."""
+    log = tmp_path / "logs" / "hostile.log"
+    log.parent.mkdir()
+    record = _break_record("/tmp/<script>x</script>.py", 1, 0)
+    record = record.replace("Unsupported Tensor.item() call", "<script>alert(1)</script>")
+    record = record.replace(
+        "Dynamo does not support tracing `Tensor.item()`.", "<img src=x onerror=alert(2)>"
+    )
+    record = record.replace(
+        '"has_payload": "',
+        '"has_payload": "0',  # the digest no longer matches: read as is, with a note
+    )
+    log.write_text(record)
+    report = nbt.load_compile_log(log)
+    assert "<script>alert(1)</script>" in report.breaks["reason"].iloc[0]  # the data keeps the text
+    written = nbt.report(report, path=str(tmp_path / "report.html")).path.read_text()
+    for html in (report._repr_html_(), written):
+        assert (
+            "<script>alert(1)" not in html and "<img src=x" not in html and "<script>x</script>" not in html
+        )
+        assert "&lt;script&gt;alert(1)" in html

@@ -109,3 +109,29 @@ def test_the_flight_recorder_reader_refuses_it(registered: None, tmp_path: Path)
     with pytest.raises(NbtError, match="refused"):
         read_dump(path)
     assert CALLS == []
+
+
+@pytest.mark.parametrize(
+    ("opcodes", "message"),
+    [
+        (b"(ios\nsystem\nS'echo hi'\ntR.", r"refused: the pickle tries to load os\.system"),  # INST
+        (b"\x80\x02(cos\nsystem\nS'x'\no.", r"refused: the pickle tries to load os\.system"),  # OBJ
+        (
+            b"\x80\x04\x8c\x02os\x8c\x06system\x93.",
+            r"refused: the pickle tries to load os\.system",
+        ),  # STACK_GLOBAL
+        (b"\x80\x02X\x01\x00\x00\x00aQ.", r"refused: the pickle uses a persistent id"),  # BINPERSID
+        (b"\x80\x05\x97.", r"out-of-band data"),  # NEXT_BUFFER without buffers
+        (b"\x80\x02}}b.", r"not a readable memory snapshot"),  # BUILD on a dict (no __setstate__)
+        (b"\x80\x02\x82\x00.", r"EXT specifies code <= 0"),  # EXT1 of an impossible code
+    ],
+    ids=["INST", "OBJ", "STACK_GLOBAL", "BINPERSID", "NEXT_BUFFER", "BUILD", "EXT1-zero"],
+)
+def test_every_other_way_to_reach_an_object_is_one_snapshot_error(
+    tmp_path: Path, opcodes: bytes, message: str
+) -> None:
+    path = tmp_path / "hostile.pickle"
+    path.write_bytes(opcodes)
+    for stream in (False, True):
+        with pytest.raises(SnapshotError, match=message):
+            nbt.load_memory_snapshot(path, stream=stream)
