@@ -44,6 +44,7 @@ from nbtoolkit.errors import CompileLogError
 from nbtoolkit.io.bounded import max_read_bytes, open_regular, read_limit
 from nbtoolkit.io.compile_events import CompileEventParser
 from nbtoolkit.model.inputs import is_path, wrong_type
+from nbtoolkit.model.paths import user_path
 from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def load_compile_log(path: str | Path, *, max_bytes: int | str | None = None) ->
     if not is_path(path):
         raise wrong_type("load_compile_log()", "the path of a TORCH_TRACE .log file or of its folder", path)
     with read_limit(max_bytes):
-        return _load(Path(path).expanduser())
+        return _load(user_path(path, error=CompileLogError))
 
 
 def _load(target: Path) -> GraphReport:
