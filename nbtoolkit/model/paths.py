@@ -22,7 +22,7 @@ from typing import Any
 
 from nbtoolkit.errors import NbtError, NbtUsageError
 
-__all__ = ["NAME_MAX", "PATH_MAX", "os_problem", "path_errors", "shown_path", "user_path"]
+__all__ = ["NAME_MAX", "PATH_MAX", "dangling_link", "os_problem", "path_errors", "shown_path", "user_path"]
 
 #: the longest file name (one path component) and whole path Linux file systems take, in bytes
 NAME_MAX = 255
@@ -62,10 +62,14 @@ def shown_path(path: Any, limit: int = _SHOWN) -> str:
 def user_path(path: Any, *, error: type[NbtError] = NbtUsageError) -> Path:
     """``path`` (text or a path object) with ``~`` expanded, or ``error`` naming what is wrong with it.
 
-    Refused: a NUL byte (no file name can hold one), ``~user`` of a user this machine does not
-    know (or a home directory it cannot find), characters the file system's encoding cannot
-    write, a name longer than :data:`NAME_MAX` bytes or a path longer than :data:`PATH_MAX`.
+    Refused: anything but text or a path object (an NbtUsageError, whatever ``error``), a NUL
+    byte (no file name can hold one), ``~user`` of a user this machine does not know (or a home
+    directory it cannot find), characters the file system's encoding cannot write, a name longer
+    than :data:`NAME_MAX` bytes or a path longer than :data:`PATH_MAX`.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        got = f"{type(path).__name__} {path!r:.60}"
+        raise NbtUsageError(f"expected a path (a str or pathlib.Path), got {got}")
     text = os.fspath(path)
     if isinstance(text, bytes):
         raise error(f"{shown_path(text)}: give the path as text (str or pathlib.Path), not bytes")
@@ -101,6 +105,13 @@ def user_path(path: Any, *, error: type[NbtError] = NbtUsageError) -> Path:
             f"name holds at most {NAME_MAX}. Check the path"
         )
     return expanded
+
+
+def dangling_link(path: Path) -> str:
+    """A message when ``path`` is a symbolic link leading nowhere (or round in a loop), else ""."""
+    if path.is_symlink() and not path.exists():
+        return f"{shown_path(path)} is a symbolic link that leads nowhere (or to itself): check the path"
+    return ""
 
 
 def os_problem(exc: OSError, path: Any, doing: str) -> str:

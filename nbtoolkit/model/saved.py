@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtError, SaveError
-from nbtoolkit.model.paths import path_errors, shown_path, user_path
+from nbtoolkit.model.paths import dangling_link, path_errors, shown_path, user_path
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,10 +114,13 @@ def saved_folder(path: Any, meta_name: str, *, what: str, error: type[NbtError])
     with path_errors(folder, f"read the saved {what} in", error=error):
         if meta.is_file():
             return folder, meta
+        if dangling_link(folder):
+            raise error(dangling_link(folder))
         if not folder.exists():
             raise error(f"{shown_path(folder)}: no such folder; give a folder written by {what}.save()")
         if not folder.is_dir():
-            raise error(f"{shown_path(folder)} is a file, not a folder written by {what}.save()")
+            inside = f"; give its folder, {shown_path(folder.parent)}" if folder.name in SAVED_KINDS else ""
+            raise error(f"{shown_path(folder)} is a file, not a folder written by {what}.save(){inside}")
         other = next((kind for name, kind in SAVED_KINDS.items() if (folder / name).is_file()), None)
     if other is not None:
         raise error(f"{shown_path(folder)} holds {other}, not a saved {what}")
@@ -194,6 +197,13 @@ def read_frame(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    with path_errors(file, f"read the saved {what}'s frame", error=error):
+        if not file.is_file():
+            raise error(
+                f"{shown_path(file)}: the saved {what} is damaged: "
+                + ("the file is missing" if not file.exists() else "not a regular file (a FIFO or device?)")
+                + "; save it again"
+            )
     try:
         with path_errors(file, f"read the saved {what}'s frame", error=error):
             table = pq.read_table(file)
@@ -350,11 +360,22 @@ def folder_to_save(path: Any, meta_name: str, *, what: str, error: type[NbtError
     """The folder to save a ``what`` into, made if missing; refuses a file or another kind of result there."""
     folder = user_path(path, error=error)
     with path_errors(folder, f"save the {what} into", error=error):
+        if dangling_link(folder):
+            raise error(f"cannot save the {what}: {dangling_link(folder)}")
         if folder.exists() and not folder.is_dir():
             raise error(
                 f"cannot save the {what} into {shown_path(folder)}: it is a file; a saved {what} is a "
                 "folder. Give a new folder's path"
             )
+        mine = folder / meta_name
+        if mine.is_file():
+            with mine.open("rb") as head:
+                ours = b"nbtoolkit" in head.read(256)
+            if not ours:  # e.g. a profiler trace named trace.json: saving would overwrite it
+                raise error(
+                    f"cannot save the {what} into {shown_path(folder)}: its {meta_name} was not written by "
+                    f"nbtoolkit, and saving would overwrite it. Give another folder"
+                )
         for name, kind in SAVED_KINDS.items():
             if name != meta_name and (folder / name).is_file():
                 raise error(
@@ -369,8 +390,15 @@ def file_to_save(path: Any, *, what: str, error: type[NbtError] = SaveError) -> 
     """The file to save a ``what`` into (its folder made if missing); refuses a folder there."""
     target = user_path(path, error=error)
     with path_errors(target, f"save the {what} to", error=error):
+        if dangling_link(target):
+            raise error(f"cannot save the {what}: {dangling_link(target)}")
         if target.is_dir():
             raise error(f"cannot save the {what} to {shown_path(target)}: it is a folder; give a file name")
+        if target.exists() and not target.is_file():
+            raise error(
+                f"cannot save the {what} to {shown_path(target)}: it is not a regular file (a device, FIFO "
+                "or socket, which would swallow the result or wait forever); give a file name"
+            )
         target.parent.mkdir(parents=True, exist_ok=True)
     return target
 

@@ -9,6 +9,7 @@ saving where a file or another kind of result is in the way is a SaveError. The 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Callable
@@ -414,3 +415,65 @@ def test_parquet_with_a_newer_writers_metadata_loads(saved: dict[str, Path]) -> 
         table.replace_schema_metadata({b"pandas": b"{not json", b"org.newer.writer": b"\xff"}), events
     )
     pd.testing.assert_frame_equal(nbt.Trace.load(saved["trace"]).events[0], want.events[0])
+
+
+# ------------------------------------------------------------------ more careless and hostile cases
+def test_a_path_of_the_wrong_type_is_a_usage_error(saved: dict[str, Path]) -> None:
+    trace = nbt.Trace.load(saved["trace"])
+    for call in (lambda: trace.save(None), lambda: nbt.Trace.load(5), lambda: _timeline().save(["t"])):
+        with pytest.raises(NbtUsageError, match=r"expected a path \(a str or pathlib\.Path\), got"):
+            call()
+
+
+def test_a_symlink_loop_is_named(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(TraceError, match="loop is a symbolic link that leads nowhere"):
+        nbt.Trace.load(loop)
+    with pytest.raises(SaveError, match="loop is a symbolic link that leads nowhere"):
+        _snapshot().save(loop)
+
+
+def test_saving_to_a_fifo_or_a_device_is_refused_not_a_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path(os.devnull)):
+        with pytest.raises(SaveError, match="it is not a regular file"):
+            _timeline().save(target)
+
+
+def test_a_fifo_in_a_saved_folder_is_refused_not_a_hang(saved: dict[str, Path]) -> None:
+    events = saved["trace"] / "rank0.events.parquet"
+    events.unlink()
+    os.mkfifo(events)
+    with pytest.raises(TraceError, match=r"rank0\.events\.parquet: .*not a regular file"):
+        nbt.Trace.load(saved["trace"])
+
+
+def test_a_full_disk_is_one_error_with_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", full)
+    with pytest.raises(
+        SaveError, match=r"into .*snap: No space left on device \(the disk is full: free some"
+    ):
+        _snapshot().save(tmp_path / "snap")
+
+
+def test_saving_over_a_foreign_file_of_the_same_name_is_refused(tmp_path: Path) -> None:
+    run = _trace_file(tmp_path / "run").parent
+    (run / "rank0.json").rename(run / "trace.json")  # a profiler trace that happens to be named trace.json
+    before = (run / "trace.json").read_bytes()
+    trace = nbt.load_trace(run)
+    with pytest.raises(
+        SaveError, match=r"its trace\.json was not written by nbtoolkit, and saving would overwrite"
+    ):
+        trace.save(run)
+    assert (run / "trace.json").read_bytes() == before
+
+
+def test_the_metadata_file_given_for_its_folder(saved: dict[str, Path]) -> None:
+    folder = saved["trace"]
+    with pytest.raises(TraceError, match=rf"trace\.json is a file, not a folder .*give its folder, {folder}"):
+        nbt.Trace.load(saved["trace"] / "trace.json")

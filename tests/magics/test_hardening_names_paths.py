@@ -20,8 +20,26 @@ from nbtoolkit.magics._dispatch import load_subcommands
 from nbtoolkit.magics._registry import all_subcommands
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_IPYTHON_NAMES = ["_oh", "_ih", "_", "__", "___", "_i", "_ii", "_iii", "_dh", "In", "Out", "exit", "quit",
-                  "get_ipython", "_i3", "_3", "_12", "_i120"]
+_IPYTHON_NAMES = [
+    "_oh",
+    "_ih",
+    "_",
+    "__",
+    "___",
+    "_i",
+    "_ii",
+    "_iii",
+    "_dh",
+    "In",
+    "Out",
+    "exit",
+    "quit",
+    "get_ipython",
+    "_i3",
+    "_3",
+    "_12",
+    "_i120",
+]
 
 
 def _trace_file(folder: Path) -> Path:
@@ -66,7 +84,11 @@ def test_ordinary_names_still_work(shell: InteractiveShell, tmp_path: Path, name
 @pytest.mark.parametrize(
     ("line", "error", "message"),
     [
-        ("trace " + "a" * 8000, "TraceError", r"a{59}…a{59} \(8,000 characters\): the path is 8,000 bytes long"),
+        (
+            "trace " + "a" * 8000,
+            "TraceError",
+            r"a{59}…a{59} \(8,000 characters\): the path is 8,000 bytes long",
+        ),
         ("overlap ~nosuchuser_nbt/x.json", "TraceError", r"cannot expand '~nosuchuser_nbt'"),
         ("snapshot ~nosuchuser_nbt/s.pickle", "SnapshotError", r"cannot expand '~nosuchuser_nbt'"),
         ("compile-log " + "b" * 300, "CompileLogError", r"one name in the path is 300 bytes long"),
