@@ -166,6 +166,8 @@ _LOADERS: dict[str, tuple[Callable[[Any], Any], type[NbtError]]] = {
     "GraphReport.load": (nbt.GraphReport.load, NbtUsageError),
     "MemoryTimeline.load": (nbt.MemoryTimeline.load, SnapshotError),
     "StepMetrics.load": (nbt.StepMetrics.load, NbtUsageError),
+    "load_rank_snapshots": (nbt.load_rank_snapshots, SnapshotError),
+    "load_flight_recorder": (nbt.load_flight_recorder, TraceError),
 }
 _BAD_PATHS = {
     "8000 characters": ("a" * 8000, r"^a{59}…a{59} \(8,000 characters\): the path is 8,000 bytes long"),
