@@ -25,7 +25,6 @@ take as "not cached this time").
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,10 +80,8 @@ def _is_int(value: Any) -> bool:
 
 ANY = Check("any value", lambda value: True)
 INT = Check("an integer", _is_int)
-NUMBER = Check(
-    "a finite number",
-    lambda v: _is_int(v) or (isinstance(v, float) and math.isfinite(v)),
-)
+#: what a saver may write for a measured number (NaN and infinities included: JSON as Python writes it)
+NUMBER = Check("a number", lambda v: _is_int(v) or isinstance(v, float))
 TEXT = Check("a string", lambda value: isinstance(value, str))
 BOOL = Check("true or false", lambda value: isinstance(value, bool))
 

@@ -56,11 +56,10 @@ COLLECTIVE_DTYPES = {
     "pg_ranks": "object",
 }
 _NON_NEGATIVE = Check("an integer from 0 to 2**63 - 1", lambda v: INT.ok(v) and v >= 0)
-_POSITIVE = Check("a positive integer", lambda v: INT.ok(v) and v > 0)
 #: RankInfo field -> (check, default); ``rank`` is required
 RANK_INFO_FIELDS: dict[str, tuple[Check, Any]] = {
     "rank": (_NON_NEGATIVE, None),
-    "world_size": (optional(_POSITIVE), None),
+    "world_size": (optional(INT), None),  # what the trace said, as the reader keeps it
     "backend": (optional(TEXT), None),
     "device_type": (TEXT, "cpu"),
     "device_properties": (list_of(dict_of(TEXT, ANY)), []),

@@ -152,6 +152,7 @@ _JSON_SWAPS: list[Any] = [
     2**70,
     1.5e308,
     float("nan"),
+    float("-inf"),
     True,
     [],
     {},
