@@ -203,7 +203,9 @@ def read_frame(
             )
     try:
         with path_errors(file, f"read the saved {what}'s frame", error=error):
+            _check_size(pq.read_metadata(file), file, what=what, error=error)
             table = pq.read_table(file)
+            table.validate(full=True)  # e.g. text that is not UTF-8, which fails only when used
     except (pa.ArrowException, ValueError, MemoryError, TypeError, KeyError, IndexError) as exc:
         raise error(
             f"{shown_path(file)}: the saved {what} is damaged: not a readable Parquet file "
@@ -234,6 +236,35 @@ def read_frame(
 
 
 _COERCED = ("int64", "Int64", "float64", "bool", "category")
+
+
+def _check_size(metadata: Any, file: Path, *, what: str, error: type[NbtError]) -> None:
+    """Refuse a frame whose rows would take more memory than the read limit (a Parquet "bomb").
+
+    A column of one repeated value compresses to almost nothing: a 2 MB file can hold 50 million
+    rows, 3 GB once read. Estimated as 8 bytes per row and column, against the readers' limit
+    (``NBT_MAX_READ_BYTES``, default 8 GiB; see :mod:`nbtoolkit.io.bounded`).
+    """
+    import os
+
+    from nbtoolkit.units import format_bytes, parse_bytes
+
+    text = os.environ.get(_ENV_MAX_READ_BYTES, "").strip()
+    try:
+        limit = parse_bytes(text, what=_ENV_MAX_READ_BYTES) if text else _DEFAULT_MAX_READ_BYTES
+    except NbtError:
+        limit = _DEFAULT_MAX_READ_BYTES  # the readers name a malformed value
+    estimate = int(metadata.num_rows) * max(1, int(metadata.num_columns)) * 8
+    if estimate > limit:
+        raise error(
+            f"{shown_path(file)}: the saved {what} holds {int(metadata.num_rows):,} rows, about "
+            f"{format_bytes(estimate)} once read, over the read limit of {format_bytes(limit)}; if it is "
+            f"really yours, raise {_ENV_MAX_READ_BYTES} (e.g. {_ENV_MAX_READ_BYTES}=64GiB)"
+        )
+
+
+_ENV_MAX_READ_BYTES = "NBT_MAX_READ_BYTES"  # the readers' limit (nbtoolkit.io.bounded), read here too
+_DEFAULT_MAX_READ_BYTES = 8 * 1024**3
 
 
 def read_schema_json(file: Path, key: bytes, *, what: str, error: type[NbtError]) -> dict[str, Any] | None:

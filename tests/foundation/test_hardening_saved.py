@@ -479,3 +479,41 @@ def test_the_metadata_file_given_for_its_folder(saved: dict[str, Path]) -> None:
     folder = saved["trace"]
     with pytest.raises(TraceError, match=rf"trace\.json is a file, not a folder .*give its folder, {folder}"):
         nbt.Trace.load(saved["trace"] / "trace.json")
+
+
+def test_a_parquet_bomb_is_refused_before_it_is_read(
+    saved: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column of one repeated value compresses to nothing: 2 million rows in a file under 1 MB."""
+    import numpy as np
+
+    events = saved["trace"] / "rank0.events.parquet"
+    table = pq.read_table(events)
+    rows = 1_000_000
+    bomb = pa.table(
+        {
+            name: pa.array(np.zeros(rows, dtype="int64" if pa.types.is_integer(kind) else "float64"))
+            if not pa.types.is_dictionary(kind)
+            else pa.array(["x"] * rows).dictionary_encode()
+            for name, kind in zip(table.schema.names, table.schema.types, strict=True)
+        }
+    )
+    with pq.ParquetWriter(events, bomb.schema) as writer:
+        writer.write_table(bomb)
+        writer.write_table(bomb)
+    assert events.stat().st_size < 1_000_000
+    monkeypatch.setenv("NBT_MAX_READ_BYTES", "64MiB")
+    message = r"holds 2,000,000 rows, about 152\.59 MiB once read, over the read limit of 64\.00 MiB"
+    with pytest.raises(TraceError, match=message):
+        nbt.Trace.load(saved["trace"])
+    monkeypatch.setenv("NBT_MAX_READ_BYTES", "1GiB")
+    assert len(nbt.Trace.load(saved["trace"]).events[0]) == 2 * rows  # raised, it loads
+
+
+def test_text_that_is_not_utf8_fails_at_load_not_in_use(saved: dict[str, Path]) -> None:
+    graphs = saved["graphs"] / "graphs.parquet"
+    _edit_column(
+        graphs, "function", lambda c: pa.array([b"\xff\xfe"] * len(c), pa.binary()).view(pa.string())
+    )
+    with pytest.raises(NbtUsageError, match=r"graphs\.parquet: .*Invalid UTF8"):
+        nbt.GraphReport.load(saved["graphs"])
