@@ -61,9 +61,9 @@ def read_summary(
     path = cache_dir / f"{key}.summary.json"
     try:
         data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError:
+        return None  # not cached, or a cache folder that cannot be read: not damage
+    except (ValueError, RecursionError) as exc:
         problem = f"not valid JSON ({type(exc).__name__})"
         data = None
     else:
