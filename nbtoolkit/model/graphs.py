@@ -201,10 +201,14 @@ class GraphReport(Result):
         from nbtoolkit.errors import NbtUsageError
         from nbtoolkit.model.graph_schema import FRAME_COLUMNS, REPORT_FIELDS
         from nbtoolkit.model.paths import shown_path
-        from nbtoolkit.model.saved import check_fields, read_frame, read_json, saved_folder
+        from nbtoolkit.model.saved import check_fields, check_version, read_frame, read_json, saved_folder
 
         folder, head_path = saved_folder(path, "report.json", what="GraphReport", error=NbtUsageError)
         header = read_json(head_path, what="GraphReport", error=NbtUsageError)
+        found = str(header.get("format"))
+        if found.startswith("nbtoolkit.GraphReport/") and found.rpartition("/")[2].isdigit():
+            version = int(found.rpartition("/")[2][:6])
+            check_version(version, 1, head_path, what="GraphReport", error=NbtUsageError)
         if header.get("format") != _FORMAT:
             raise NbtUsageError(
                 f"{shown_path(head_path)} has format {str(header.get('format'))[:60]!r}, expected {_FORMAT!r}"

@@ -313,6 +313,7 @@ class MemoryTimeline(Result):
             TEXT,
             check_fields,
             check_range,
+            check_version,
             list_of,
             read_frame,
             read_schema_json,
@@ -335,6 +336,7 @@ class MemoryTimeline(Result):
             raise SnapshotError(
                 f"{shown_path(source)} is a Parquet file but not a MemoryTimeline saved by nbtoolkit"
             )
+        check_version(raw.get("version"), _FORMAT_VERSION, source, what="MemoryTimeline", error=SnapshotError)
         meta = check_fields(
             raw,
             {name: (list_of(TEXT) if name in ("stacks", "notes") else TEXT, default)

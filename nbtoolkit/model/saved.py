@@ -46,6 +46,7 @@ __all__ = [
     "Check",
     "check_fields",
     "check_range",
+    "check_version",
     "dict_of",
     "file_to_save",
     "folder_to_save",
@@ -142,6 +143,15 @@ def read_json(file: Path, *, what: str, error: type[NbtError]) -> dict[str, Any]
             "not an object; save it again"
         )
     return data
+
+
+def check_version(found: Any, known: int, file: Path, *, what: str, error: type[NbtError]) -> None:
+    """Refuse a saved ``what`` of a format version newer than ``known`` (an older one reads as it is)."""
+    if _is_int(found) and found > known:
+        raise error(
+            f"{shown_path(file)}: this {what} was saved by a newer nbtoolkit (format {found}; this one reads "
+            f"up to {known}): upgrade nbtoolkit to load it"
+        )
 
 
 def check_fields(

@@ -22,6 +22,7 @@ from nbtoolkit.model.saved import (
     Check,
     check_fields,
     check_range,
+    check_version,
     dict_of,
     list_of,
     read_frame,
@@ -92,6 +93,7 @@ def read_snapshot_folder(path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if raw.get("format") != _SAVED_FORMAT:
         raise SnapshotError(f"{where} was not written by MemorySnapshot.save (no format {_SAVED_FORMAT!r})")
     meta = check_fields(raw, META_FIELDS, where=where, error=SnapshotError, required=("stacks",))
+    check_version(meta["version"], 1, meta_path, what="MemorySnapshot", error=SnapshotError)
     stacks = len(meta["stacks"])
     for name in ("stack_hints", "stack_sources", "stack_mosaic"):
         if len(meta[name]) != stacks and not (name == "stack_mosaic" and not meta[name]):

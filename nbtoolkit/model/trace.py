@@ -309,11 +309,12 @@ class Trace(Result):
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         """Read a folder written by :meth:`save`; a damaged or edited one is a TraceError naming the file."""
-        from nbtoolkit.model.saved import read_json, saved_folder
+        from nbtoolkit.model.saved import check_version, read_json, saved_folder
         from nbtoolkit.model.trace_saved import check_meta, read_rank
 
         folder, meta_path = saved_folder(path, "trace.json", what="Trace", error=TraceError)
         meta = read_json(meta_path, what="Trace", error=TraceError)
+        check_version(meta.get("nbtoolkit_trace"), _FORMAT_VERSION, meta_path, what="Trace", error=TraceError)
         if meta.get("nbtoolkit_trace") != _FORMAT_VERSION:
             raise TraceError(
                 f"{meta_path}: not a saved nbtoolkit trace (format {str(meta.get('nbtoolkit_trace'))[:40]!r})"

@@ -517,3 +517,24 @@ def test_text_that_is_not_utf8_fails_at_load_not_in_use(saved: dict[str, Path]) 
     )
     with pytest.raises(NbtUsageError, match=r"graphs\.parquet: .*Invalid UTF8"):
         nbt.GraphReport.load(saved["graphs"])
+
+
+@pytest.mark.parametrize("kind", list(_LOAD))
+def test_a_result_saved_by_a_newer_nbtoolkit_says_upgrade(saved: dict[str, Path], kind: str) -> None:
+    load, error = _LOAD[kind]
+    if kind == "timeline":
+        table = pq.read_table(saved[kind])
+        meta = {**json.loads(table.schema.metadata[b"nbtoolkit"]), "version": 2}
+        pq.write_table(table.replace_schema_metadata({b"nbtoolkit": json.dumps(meta).encode()}), saved[kind])
+    else:
+        meta_file = next(saved[kind].glob("*.json"))
+        newer = {
+            "trace": {"nbtoolkit_trace": 2},
+            "snapshot": {"version": 2},
+            "graphs": {"format": "nbtoolkit.GraphReport/2"},
+        }
+        _edit_json(meta_file, lambda d: {**d, **newer[kind]})
+    with pytest.raises(
+        error, match=r"saved by a newer nbtoolkit \(format 2; this one reads up to 1\): upgrade"
+    ):
+        load(saved[kind])
