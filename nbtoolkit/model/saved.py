@@ -225,7 +225,12 @@ def read_frame(
     schema = table.schema
     if schema.metadata and b"pandas" in schema.metadata:  # not used (below): not parsed either
         table = table.replace_schema_metadata({k: v for k, v in schema.metadata.items() if k != b"pandas"})
-    null_columns = {n for n, t in zip(schema.names, schema.types, strict=True) if pa.types.is_null(t)}
+    # an empty frame's all-null columns stay as pandas wrote them (object); with rows they take the dtype
+    null_columns = (
+        {n for n, t in zip(schema.names, schema.types, strict=True) if pa.types.is_null(t)}
+        if table.num_rows == 0
+        else set()
+    )
     try:
         # pandas' own metadata in the file is not used (damaged, it fails in pyarrow in a dozen ways):
         # the dtypes come from ``columns``, the schema the saver writes

@@ -304,6 +304,10 @@ def test_trace_events_out_of_order_or_a_collective_row_past_the_events(saved: di
     with pytest.raises(TraceError, match="missing, infinite or negative time or duration"):
         nbt.Trace.load(saved["trace"])
     events.write_bytes(original)
+    _edit_column(events, "ts", lambda c: pa.nulls(len(c)))  # all null: a number column of nothing
+    with pytest.raises(TraceError, match="missing, infinite or negative time or duration"):
+        nbt.Trace.load(saved["trace"])
+    events.write_bytes(original)
     _edit_column(saved["trace"] / "rank0.collectives.parquet", "row", lambda c: pa.array([10**6] * len(c)))
     with pytest.raises(TraceError, match=r"rank0\.collectives\.parquet: .*'row' are outside"):
         nbt.Trace.load(saved["trace"])
