@@ -29,6 +29,7 @@ from nbtoolkit.errors import (
     NbtUsageError,
     PlanError,
     RemoteCellError,
+    SaveError,
     SnapshotError,
     TraceError,
 )
@@ -103,6 +104,7 @@ _EAGER_EXPORTS = [
     "NbtUsageError",
     "PlanError",
     "RemoteCellError",
+    "SaveError",
     "SnapshotError",
     "TraceError",
     "__version__",

@@ -10,6 +10,7 @@ Messages state the problem (with the offending value or path) and what to do.
     ├── CompileLogError   a TORCH_TRACE log that cannot be read
     ├── CaptureError      code run under an instrument failed to produce a result
     ├── SnapshotError     a memory snapshot that cannot be read (or is unsafe)
+    ├── SaveError         a result cannot be saved where asked (also an OSError)
     ├── PlanError         no recomputation plan satisfies the request
     ├── MetricsError      FLOPs / MFU cannot be computed for this step
     ├── ClusterError      the cluster or one of its ranks failed
@@ -33,6 +34,7 @@ __all__ = [
     "NbtUsageError",
     "PlanError",
     "RemoteCellError",
+    "SaveError",
     "SnapshotError",
     "TraceError",
 ]
@@ -69,6 +71,14 @@ class CaptureError(NbtError):
 
 class SnapshotError(NbtError):
     """A memory snapshot is missing, corrupt, or tries to run code."""
+
+
+class SaveError(NbtError, OSError):
+    """A result's ``save`` cannot write where it was asked: a file in the way, no permission, a full disk.
+
+    Also an ``OSError``, so code that treats an unwritable place as a skipped write (the
+    caches) goes on doing so.
+    """
 
 
 class PlanError(NbtError):

@@ -47,6 +47,7 @@ from nbtoolkit.io.compile_events import CompileEventParser
 from nbtoolkit.io.user_source import SourcePolicy
 from nbtoolkit.io.user_source import describe as describe_source_policy
 from nbtoolkit.model.inputs import is_path, wrong_type
+from nbtoolkit.model.paths import user_path
 from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def load_compile_log(
         raise wrong_type("load_compile_log(source_roots=)", "a folder or a list of folders", source_roots)
     policy = SourcePolicy.from_roots(source_roots)
     with read_limit(max_bytes):
-        return _load(Path(path).expanduser(), policy)
+        return _load(user_path(path, error=CompileLogError), policy)
 
 
 def _are_paths(value: object) -> bool:

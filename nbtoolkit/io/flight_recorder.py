@@ -37,6 +37,7 @@ from typing import Any
 from nbtoolkit.errors import SnapshotError, TraceError
 from nbtoolkit.io.snapshot import restricted_loads
 from nbtoolkit.model.hang import CollectiveCall, HangReport, RankHang
+from nbtoolkit.model.paths import user_path
 
 __all__ = ["load_flight_recorder", "parse_dump", "rank_from_dump", "read_dump", "repair_pg_config"]
 
@@ -152,7 +153,7 @@ def load_flight_recorder(folder: str | Path) -> HangReport:
     all ranks joined (the skipped collective, with the missing ranks), a size mismatch, ops
     that differ at one sequence number. See :mod:`nbtoolkit.analysis.hang` for the rules.
     """
-    root = Path(folder).expanduser()
+    root = user_path(folder, error=TraceError)
     if not root.is_dir():
         raise TraceError(f"no folder at {root}: pass the folder holding one Flight Recorder dump per rank")
     dumps: dict[int, dict[str, Any]] = {}

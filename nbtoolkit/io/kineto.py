@@ -29,6 +29,7 @@ from nbtoolkit.io._kineto_ranks import check_same_job, detect_device_type, read_
 from nbtoolkit.io.bounded import read_limit
 from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import is_path, wrong_type
+from nbtoolkit.model.paths import user_path
 from nbtoolkit.model.steps import host_steps, parse_profiler_step, steps_table
 from nbtoolkit.model.trace import Trace
 
@@ -79,7 +80,7 @@ def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None
     gc.disable()
     try:
         with read_limit(max_bytes):
-            return _load(Path(path).expanduser())
+            return _load(user_path(path, error=TraceError))
     finally:
         if gc_was_enabled:
             gc.enable()

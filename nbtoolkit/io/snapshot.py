@@ -46,6 +46,7 @@ from nbtoolkit.io.bounded import read_all, read_limit
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
+from nbtoolkit.model.paths import user_path
 from nbtoolkit.model.snapshot_columns import SnapshotFilter
 from nbtoolkit.units import parse_bytes
 
@@ -263,13 +264,13 @@ def load_memory_snapshot(
             path,
         )
     keep = _snapshot_filter(devices, time_range_us, history)
-    source = Path(path).expanduser()
+    source = user_path(path, error=SnapshotError)
     if source.is_dir() and (source / "snapshot.json").is_file():
         return MemorySnapshot.load(source)  # a folder written by MemorySnapshot.save
     if (cache or cache_dir is not None) and source.is_file():
         from nbtoolkit.io.snapshot_cache import cached_snapshot
 
-        folder = Path(cache_dir).expanduser() if cache_dir is not None else None
+        folder = user_path(cache_dir, error=SnapshotError) if cache_dir is not None else None
         return cached_snapshot(
             source, keep, folder, lambda: _read_file(source, keep, max_bytes, max_rows, stream)
         )
@@ -445,7 +446,7 @@ def load_memory_timeline(path: str | Path, *, max_bytes: int | str | None = None
 
     if not is_path(path):
         raise wrong_type("load_memory_timeline()", "the path of a memory timeline file", path)
-    source = Path(path).expanduser()
+    source = user_path(path, error=SnapshotError)
     if source.suffix == ".parquet":
         return MemoryTimeline.load(source)
     with read_limit(max_bytes):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.errors import SnapshotError
 from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import is_path, wrong_type
+from nbtoolkit.model.paths import user_path
 
 if TYPE_CHECKING:
     from nbtoolkit.model.rank_memory import RankMemory
@@ -49,7 +50,7 @@ def load_rank_snapshots(folder: str | Path, *, device: int | None = None, **load
 
     if not is_path(folder):
         raise wrong_type("load_rank_snapshots()", "a folder of per-rank snapshot files", folder)
-    root = Path(folder).expanduser()
+    root = user_path(folder, error=SnapshotError)
     if not root.is_dir():
         raise SnapshotError(f"{root} is not a folder; pass the folder holding one snapshot per rank")
     files = sorted(p for p in root.iterdir() if p.is_file() and p.name.lower().endswith(SNAPSHOT_SUFFIXES))

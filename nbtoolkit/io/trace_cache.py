@@ -54,21 +54,39 @@ def file_identity(file: Path) -> str:
     return f"{file.name}-{st.st_size}-{st.st_mtime_ns}"
 
 
-def read_summary(cache_dir: Path, key: str, include_last_step: bool) -> dict[str, Any] | None:
-    """The cached summary records of a rank file (``TraceSummary.to_records``), or None."""
-    raw = read_cached_file(cache_dir, f"{key}.summary.json")
+def read_summary(
+    cache_dir: Path, key: str, include_last_step: bool, damaged: list[str] | None = None
+) -> dict[str, Any] | None:
+    """The cached summary records of a rank file (``TraceSummary.to_records``), or None.
+
+    A cached summary that is damaged or edited (not JSON, or records of the wrong shape:
+    ``model.trace_summary.records_problem``) is None too, and why is appended to ``damaged``:
+    the trace is read again and the caller says so in a note. A summary that is missing, or
+    is a link, a FIFO or too large (``read_cached_file``), is simply not cached.
+    """
+    from nbtoolkit.model.trace_summary import records_problem
+
+    name = f"{key}.summary.json"
+    raw = read_cached_file(cache_dir, name)
     if raw is None:
-        return None
+        return None  # not cached, or nothing a cache may read: not damage
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError) as exc:
+        problem = f"not valid JSON ({type(exc).__name__})"
+        data = None
+    else:
+        if isinstance(data, dict) and data.get("format") != CACHE_FORMAT:
+            return None  # a cache from another version: read the trace again
+        if isinstance(data, dict) and data.get("include_last_step") != include_last_step:
+            return None
+        problem = records_problem(data.get("records")) if isinstance(data, dict) else "not a JSON object"
+    if problem:
+        if damaged is not None:
+            damaged.append(f"{name}: {problem}")
         return None
-    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
-        return None  # a cache from another version: read the trace again
-    if data.get("include_last_step") != include_last_step:
-        return None
-    records = data.get("records")
-    return records if isinstance(records, dict) else None
+    records: dict[str, Any] = data["records"]
+    return records
 
 
 def write_rank(cache_dir: Path, key: str, records: dict[str, Any], trace: Trace | None) -> None:

@@ -35,6 +35,7 @@ from nbtoolkit.errors import NbtUsageError, TraceError
 from nbtoolkit.io.cache_folder import usable_cache_folder
 from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, cache_key, read_events, read_summary, write_rank
 from nbtoolkit.model._providers import provides
+from nbtoolkit.model.paths import user_path
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -92,7 +93,7 @@ def summarize_traces(
     folder: Path | None = None
     notes = []
     if cache_dir is not None:
-        folder = Path(cache_dir).expanduser()
+        folder = user_path(cache_dir, error=TraceError)
     elif cache:
         folder = (root if root.is_dir() else root.parent) / DEFAULT_CACHE_NAME
     if folder is not None:
@@ -113,7 +114,7 @@ def summarize_files(
     files: list[str], *, cache_dir: str | None = None, include_last_step: bool = False, workers: int = 1
 ) -> list[RankOutcome]:
     """Summarize the given files here (or with ``workers`` processes): what a cluster node runs."""
-    folder = Path(cache_dir).expanduser() if cache_dir else None
+    folder = user_path(cache_dir, error=TraceError) if cache_dir else None
     if folder is not None:
         folder, _ = usable_cache_folder(folder)  # a link or a file: no cache on this node
     return _run_all([Path(f) for f in files], folder, include_last_step, _worker_count(workers, len(files)))
@@ -175,7 +176,7 @@ def trace_files_of(
     from nbtoolkit.model.inputs import is_path
 
     if is_path(path):
-        root = Path(path).expanduser()  # type: ignore[arg-type]
+        root = user_path(path, error=TraceError)
         if not root.exists():
             raise TraceError(f"{root}: no such file or folder; give a folder of per-rank traces")
         if root.is_file():
@@ -192,7 +193,13 @@ def trace_files_of(
             raise TraceError(f"{root}: folder holds no .json/.json.gz trace files")
         return files, root, skipped
     if isinstance(path, Iterable) and not isinstance(path, str | bytes):
-        files = [Path(p).expanduser() for p in path]
+        entries = list(path)
+        odd = next((p for p in entries if not is_path(p)), None)
+        if odd is not None:
+            raise NbtUsageError(
+                f"summarize_traces() takes a list of trace file paths; one entry is a {type(odd).__name__}"
+            )
+        files = [user_path(p, error=TraceError) for p in entries]
         if not files:
             raise NbtUsageError("summarize_traces() got an empty list of files")
         return files, files[0].parent, []
@@ -337,12 +344,13 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
     path = Path(file)
     folder = Path(cache_dir) if cache_dir else None
     key = None
+    damaged: list[str] = []
     if folder is not None:
         try:
             key = cache_key(path)
         except OSError as exc:
             return RankOutcome(file, None, "corrupt", f"cannot be read ({exc.strerror or exc})")
-        cached = read_summary(folder, key, include_last_step)
+        cached = read_summary(folder, key, include_last_step, damaged)
         if cached is not None:
             return RankOutcome(file, cached)
     try:
@@ -354,6 +362,9 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
     records = trace.summarize(include_last_step=include_last_step).to_records()
     if folder is not None and key is not None:
         write_rank(folder, key, records, trace)
+    if damaged:  # said once, in this summary; the cache just written holds no such note
+        note = f"the cached summary {damaged[0]}; read {path.name} again"
+        records = {**records, "notes": [*records["notes"], note]}
     return RankOutcome(file, records)
 
 

@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import inspect
 import linecache
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,10 +98,14 @@ class MagicCall:
         return ns
 
     def resolve(self, name_or_path: str) -> Any:
-        """A user variable of that name if there is one, else the string as a Path."""
+        """A user variable of that name if there is one, else the string as a Path.
+
+        ``~`` is left for the API function to expand: it checks the path (``model.paths.user_path``)
+        and says what is wrong with it in one error.
+        """
         if name_or_path.isidentifier() and name_or_path in self.user_ns:
             return self.user_ns[name_or_path]
-        return Path(name_or_path).expanduser()
+        return Path(name_or_path)
 
     def lookup(self, name: str | None, what: str = "variable") -> Any:
         """A user variable that must exist; a clear usage error when it does not. None for no name."""
@@ -220,18 +225,32 @@ class Subcommand:
         return self.build_parser().format_usage().strip()
 
 
+#: names IPython keeps in the user namespace itself (output history, input history, the shell)
+IPYTHON_NAMES = frozenset(
+    {"_", "__", "___", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "In", "Out", "exit", "quit", "get_ipython",
+     "_exit_code", "_sh"}
+)
+_IPYTHON_NUMBERED = re.compile(r"_i?\d+")  # _3 (output of cell 3), _i3 (its input)
+
+
 def result_variable_name(text: str) -> str:
-    """``--name``: a plain identifier that is neither a keyword, a builtin nor a dunder.
+    """``--name``: a plain identifier that is neither a keyword, a builtin, a dunder nor IPython's own.
 
     The result is assigned into the user's namespace: ``--name __builtins__`` or ``--name print``
-    would replace what every later cell relies on, so such names are refused (argparse turns the
-    ArgumentTypeError into the usage error of the subcommand).
+    would replace what every later cell relies on, and ``--name _oh`` (or ``Out``, ``_``, ``_i3``)
+    what IPython's display of every later cell does, so such names are refused (argparse turns
+    the ArgumentTypeError into the usage error of the subcommand).
     """
     import builtins
     import keyword
 
     if not text.isidentifier() or keyword.iskeyword(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a Python variable name (letters, digits, _)")
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a Python variable name (letters, digits, _)")
+    if text in IPYTHON_NAMES or _IPYTHON_NUMBERED.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a name IPython keeps its input and output history (or the shell) in: storing the "
+            "result there would break the display of later cells; pick another name"
+        )
     if text.startswith("__") and text.endswith("__"):
         raise argparse.ArgumentTypeError(f"{text!r} is a dunder name, which Python itself uses; pick another")
     if hasattr(builtins, text):

@@ -299,15 +299,22 @@ class Comparison(Result):
 
     def save(self, path: str | Path) -> Path:
         """Write the comparison as JSON (the plan object is not included)."""
-        target = Path(path)
-        target.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import file_to_save
+
+        target = file_to_save(path, what="Comparison")
+        text = json.dumps(self.to_dict(), indent=1, default=str)
+        with path_errors(target, "save the Comparison to", error=SaveError):
+            target.write_text(text)
         return target
 
     @classmethod
     def load(cls, path: str | Path) -> Comparison:
         from nbtoolkit.errors import NbtUsageError
+        from nbtoolkit.model.paths import user_path
 
-        source = Path(path)
+        source = user_path(path)
         try:
             data = json.loads(source.read_text())
             return cls(

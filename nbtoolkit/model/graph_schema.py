@@ -9,6 +9,10 @@ unknown.
 
 from __future__ import annotations
 
+from typing import Any
+
+from nbtoolkit.model.saved import INT, NUMBER, TEXT, Check, list_of, optional
+
 __all__ = [
     "BREAK_COLUMNS",
     "COMPILE_COLUMNS",
@@ -16,6 +20,7 @@ __all__ = [
     "FRAME_COLUMNS",
     "GRAPH_COLUMNS",
     "RECOMPILE_COLUMNS",
+    "REPORT_FIELDS",
 ]
 
 # Which compile a row belongs to (torch's compile id and its parts), and where the compiled code is.
@@ -89,4 +94,18 @@ FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "recompiles": RECOMPILE_COLUMNS,
     "failures": FAILURE_COLUMNS,
     "compiles": COMPILE_COLUMNS,
+}
+
+# report.json (GraphReport.save) key -> (check, default): what GraphReport.load accepts
+REPORT_FIELDS: dict[str, tuple[Check, Any]] = {
+    "compile_ids": (list_of(TEXT), []),
+    "source": (TEXT, ""),
+    "notes": (list_of(TEXT), []),
+    "ranks": (list_of(INT), []),
+    "first_call_s": (optional(NUMBER), None),
+    "step_time_s": (optional(NUMBER), None),
+    "eager_step_time_s": (optional(NUMBER), None),
+    "steps": (INT, 0),
+    "error": (optional(TEXT), None),
+    "profiled_step_time_s": (optional(NUMBER), None),
 }

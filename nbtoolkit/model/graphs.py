@@ -170,11 +170,11 @@ class GraphReport(Result):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        folder = Path(path).expanduser()
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in _FRAMES:
-            frame = getattr(self, name)
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / f"{name}.parquet")
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import folder_to_save
+
+        folder = folder_to_save(path, "report.json", what="GraphReport")
         header = {
             "format": _FORMAT,
             "compile_ids": self.compile_ids,
@@ -188,52 +188,38 @@ class GraphReport(Result):
             "error": self.error,
             "profiled_step_time_s": self.profiled_step_time_s,
         }
-        (folder / "report.json").write_text(json.dumps(header, indent=1))
+        with path_errors(folder, "save the GraphReport into", error=SaveError):
+            for name in _FRAMES:
+                frame = getattr(self, name)
+                pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / f"{name}.parquet")
+            (folder / "report.json").write_text(json.dumps(header, indent=1))
         return folder
 
     @classmethod
     def load(cls, path: str | Path) -> GraphReport:
-        """Read a report written by :meth:`save`."""
-        import pyarrow.parquet as pq
-
+        """Read a report written by :meth:`save`; a damaged or edited one is an NbtUsageError naming it."""
         from nbtoolkit.errors import NbtUsageError
-        from nbtoolkit.model.graph_schema import FRAME_COLUMNS
+        from nbtoolkit.model.graph_schema import FRAME_COLUMNS, REPORT_FIELDS
+        from nbtoolkit.model.paths import shown_path
+        from nbtoolkit.model.saved import check_fields, check_version, read_frame, read_json, saved_folder
 
-        folder = Path(path).expanduser()
-        head_path = folder / "report.json"
-        if not head_path.is_file():
-            raise NbtUsageError(
-                f"{folder} is not a saved GraphReport (no report.json): save one with report.save(path)"
-            )
-        header = json.loads(head_path.read_text())
+        folder, head_path = saved_folder(path, "report.json", what="GraphReport", error=NbtUsageError)
+        header = read_json(head_path, what="GraphReport", error=NbtUsageError)
+        found = str(header.get("format"))
+        if found.startswith("nbtoolkit.GraphReport/") and found.rpartition("/")[2].isdigit():
+            version = int(found.rpartition("/")[2][:6])
+            check_version(version, 1, head_path, what="GraphReport", error=NbtUsageError)
         if header.get("format") != _FORMAT:
-            raise NbtUsageError(f"{head_path} has format {header.get('format')!r}, expected {_FORMAT!r}")
+            raise NbtUsageError(
+                f"{shown_path(head_path)} has format {str(header.get('format'))[:60]!r}, expected {_FORMAT!r}"
+            )
+        fields = check_fields(header, REPORT_FIELDS, where=shown_path(head_path), error=NbtUsageError)
         frames = {}
         for name in _FRAMES:
-            try:
-                frame = pq.read_table(folder / f"{name}.parquet").to_pandas()
-            except (
-                OSError,
-                ValueError,
-            ) as exc:  # missing or damaged file (pyarrow's errors derive from these)
-                raise NbtUsageError(
-                    f"cannot read {folder / f'{name}.parquet'} of a saved GraphReport: {exc}"
-                ) from None
-            dtypes = {c: t for c, t in FRAME_COLUMNS[name].items() if c in frame.columns}
-            frames[name] = frame.astype(dtypes)
-        return cls(
-            **frames,
-            compile_ids=list(header.get("compile_ids", [])),
-            source=header.get("source", ""),
-            notes=list(header.get("notes", [])),
-            ranks=list(header.get("ranks", [])),
-            first_call_s=header.get("first_call_s"),
-            step_time_s=header.get("step_time_s"),
-            eager_step_time_s=header.get("eager_step_time_s"),
-            steps=int(header.get("steps", 0)),
-            error=header.get("error"),
-            profiled_step_time_s=header.get("profiled_step_time_s"),
-        )
+            columns = FRAME_COLUMNS[name]
+            frame = read_frame(folder / f"{name}.parquet", columns, what="GraphReport", error=NbtUsageError)
+            frames[name] = frame.astype({c: "object" for c, t in columns.items() if t == "object"})
+        return cls(**frames, **fields)
 
     # ------------------------------------------------------------------ display
     def _headline(self) -> list[tuple[str, str]]:

@@ -82,6 +82,14 @@ EVENT_COLUMNS: tuple[str, ...] = (
 )
 
 _FORMAT_VERSION = 1
+# what MemoryTimeline.save writes: the events' dtypes (category as text) and the metadata's defaults
+_SAVED_DTYPES = {
+    "time_us": "float64", "action": "category", "delta_bytes": "int64", "category": "str", "tensor": "int64",
+    "module": "category", "phase": "category", "shape": "category", "source": "category", "stack_id": "int64",
+}
+_SAVED_DEFAULTS: dict[str, Any] = {
+    "stacks": [], "device": "cpu", "source": "", "notes": [], "category_method": "torch.profiler",
+}
 
 
 def empty_events() -> pd.DataFrame:
@@ -274,7 +282,11 @@ class MemoryTimeline(Result):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        target = Path(path)
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import file_to_save
+
+        target = file_to_save(path, what="MemoryTimeline")
         frame = self.events.copy()
         frame["category"] = frame["category"].astype(str)
         table = pa.Table.from_pandas(frame, preserve_index=False)
@@ -288,38 +300,60 @@ class MemoryTimeline(Result):
             "category_method": self.category_method,
         }
         table = table.replace_schema_metadata({b"nbtoolkit": json.dumps(meta).encode()})
-        pq.write_table(table, target)
+        with path_errors(target, "save the MemoryTimeline to", error=SaveError):
+            pq.write_table(table, target)
         return target
 
     @classmethod
     def load(cls, path: str | Path) -> MemoryTimeline:
-        """Read a timeline written by :meth:`save`."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        """Read a timeline written by :meth:`save`; a damaged or edited file is a SnapshotError naming it."""
         from nbtoolkit.errors import SnapshotError
-
-        source = Path(path)
-        if not source.is_file():
-            raise SnapshotError(
-                f"no memory timeline file at {source}: save one with MemoryTimeline.save(path)"
-            )
-        try:
-            table = pq.read_table(source)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise SnapshotError(f"{source} is not a saved memory timeline (Parquet): {exc}") from None
-        raw = (table.schema.metadata or {}).get(b"nbtoolkit")
-        meta = json.loads(raw) if raw else {}
-        if meta.get("format") != "nbtoolkit.MemoryTimeline":
-            raise SnapshotError(f"{source} is a Parquet file but not a MemoryTimeline saved by nbtoolkit")
-        return cls(
-            events=table.to_pandas(),
-            stacks=list(meta.get("stacks", [])),
-            device=str(meta.get("device", "cpu")),
-            source=str(meta.get("source", "")),
-            notes=list(meta.get("notes", [])),
-            category_method=str(meta.get("category_method", "torch.profiler")),
+        from nbtoolkit.model.paths import path_errors, shown_path, user_path
+        from nbtoolkit.model.saved import (
+            TEXT,
+            check_fields,
+            check_range,
+            check_version,
+            list_of,
+            read_frame,
+            read_schema_json,
         )
+
+        source = user_path(path, error=SnapshotError)
+        with path_errors(source, "read the memory timeline", error=SnapshotError):
+            if source.is_dir():
+                raise SnapshotError(
+                    f"{shown_path(source)} is a folder; a saved MemoryTimeline is one .parquet file "
+                    "(a saved MemorySnapshot folder loads with nbt.MemorySnapshot.load)"
+                )
+            if not source.is_file():
+                raise SnapshotError(
+                    f"no memory timeline file at {shown_path(source)}: "
+                    "save one with MemoryTimeline.save(path)"
+                )
+        raw = read_schema_json(source, b"nbtoolkit", what="memory timeline", error=SnapshotError) or {}
+        if raw.get("format") != "nbtoolkit.MemoryTimeline":
+            raise SnapshotError(
+                f"{shown_path(source)} is a Parquet file but not a MemoryTimeline saved by nbtoolkit"
+            )
+        check_version(raw.get("version"), _FORMAT_VERSION, source, what="MemoryTimeline", error=SnapshotError)
+        meta = check_fields(
+            raw,
+            {name: (list_of(TEXT) if name in ("stacks", "notes") else TEXT, default)
+             for name, default in _SAVED_DEFAULTS.items()},
+            where=shown_path(source),
+            error=SnapshotError,
+        )
+        events = read_frame(source, _SAVED_DTYPES, what="MemoryTimeline", error=SnapshotError)
+        try:
+            events = normalize_events(events)
+        except NbtUsageError as exc:
+            raise SnapshotError(f"{shown_path(source)}: the saved MemoryTimeline is damaged: {exc}") from None
+        check_range(events, "stack_id", -1, len(meta["stacks"]), where=shown_path(source),
+                    what="MemoryTimeline", error=SnapshotError, meaning="-1 or an index into the stacks")
+        check_range(events, "time_us", -math.inf, math.inf, where=shown_path(source),
+                    what="MemoryTimeline", error=SnapshotError, meaning="finite times")
+        return cls(events=events, **meta)
 
     # -- display -----------------------------------------------------------------------
     def _text(self) -> str:

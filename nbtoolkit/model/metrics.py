@@ -366,13 +366,21 @@ class StepMetrics(Result):
 
     def save(self, path: str | Path) -> Path:
         """Write the metrics as JSON (per-module and per-op frames included)."""
-        target = Path(path)
-        target.write_text(json.dumps(self.to_dict(), indent=1))
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import file_to_save
+
+        target = file_to_save(path, what="StepMetrics")
+        text = json.dumps(self.to_dict(), indent=1)
+        with path_errors(target, "save the StepMetrics to", error=SaveError):
+            target.write_text(text)
         return target
 
     @classmethod
     def load(cls, path: str | Path) -> StepMetrics:
-        source = Path(path)
+        from nbtoolkit.model.paths import user_path
+
+        source = user_path(path)
         try:
             data = json.loads(source.read_text())
             return cls.from_dict(data)

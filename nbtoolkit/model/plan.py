@@ -244,8 +244,14 @@ class RecomputePlan(Result):
         }
 
     def save(self, path: str | Path) -> Path:
-        target = Path(path)
-        target.write_text(json.dumps(self.to_dict(), indent=1, default=_json_default))
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import file_to_save
+
+        target = file_to_save(path, what="RecomputePlan")
+        text = json.dumps(self.to_dict(), indent=1, default=_json_default)
+        with path_errors(target, "save the RecomputePlan to", error=SaveError):
+            target.write_text(text)
         return target
 
     @classmethod
@@ -253,8 +259,9 @@ class RecomputePlan(Result):
         import pandas as pd
 
         from nbtoolkit.errors import NbtUsageError
+        from nbtoolkit.model.paths import user_path
 
-        source = Path(path)
+        source = user_path(path)
         try:
             data = json.loads(source.read_text())
             phases = pd.DataFrame.from_records(data["phases"], columns=["phase", "baseline_bytes", "alive"])

@@ -175,10 +175,11 @@ class MemorySnapshot(Result):
 
         Plain data only (no pickle), so a saved snapshot is safe to share and to load.
         """
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in _FRAMES:
-            getattr(self, name).to_parquet(folder / f"{name}.parquet", index=False)
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import folder_to_save
+
+        folder = folder_to_save(path, "snapshot.json", what="MemorySnapshot")
         meta = {
             "format": _SAVED_FORMAT,
             "version": 1,
@@ -191,39 +192,19 @@ class MemorySnapshot(Result):
             "notes": self.notes,
             "stack_mosaic": self.stack_mosaic,
         }
-        (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
+        with path_errors(folder, "save the MemorySnapshot into", error=SaveError):
+            for name in _FRAMES:
+                getattr(self, name).to_parquet(folder / f"{name}.parquet", index=False)
+            (folder / "snapshot.json").write_text(json.dumps(meta, default=str))
         return folder
 
     @classmethod
     def load(cls, path: str | Path) -> MemorySnapshot:
-        """Read a snapshot folder written by :meth:`save`."""
-        from nbtoolkit.errors import SnapshotError
+        """Read a snapshot folder written by :meth:`save`; a damaged or edited one is a SnapshotError."""
+        from nbtoolkit.model.snapshot_saved import read_snapshot_folder
 
-        folder = Path(path)
-        meta_path = folder / "snapshot.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SnapshotError(
-                f"{folder} is not a MemorySnapshot folder saved by nbtoolkit: {exc}"
-            ) from None
-        if meta.get("format") != _SAVED_FORMAT:
-            raise SnapshotError(f"{meta_path} was not written by MemorySnapshot.save")
-        try:
-            frames = {name: _read_frame(folder / f"{name}.parquet") for name in _FRAMES}
-        except (OSError, ValueError) as exc:
-            raise SnapshotError(f"{folder}: a saved frame is missing or corrupt: {exc}") from None
-        return cls(
-            **frames,
-            stacks=list(meta.get("stacks", [])),
-            stack_hints=list(meta.get("stack_hints", [])),
-            stack_sources=list(meta.get("stack_sources", [])),
-            allocator_settings=dict(meta.get("allocator_settings", {})),
-            source=str(meta.get("source", "")),
-            legacy_segment_list=bool(meta.get("legacy_segment_list", False)),
-            notes=list(meta.get("notes", [])),
-            stack_mosaic=list(meta.get("stack_mosaic", [])),
-        )
+        frames, meta = read_snapshot_folder(path)
+        return cls(**frames, **meta)
 
     # -- the allocator's view ----------------------------------------------------------
     def stats(self) -> SnapshotStats:
@@ -440,10 +421,3 @@ def _default_device(snapshot: MemorySnapshot) -> int:
     if len(snapshot.segments):
         return int(snapshot.segments["device"].value_counts().idxmax())
     return 0
-
-
-def _read_frame(path: Path) -> pd.DataFrame:
-    """A saved frame, each Arrow column freed as it becomes pandas: the peak is the frame, not twice it."""
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pandas(split_blocks=True, self_destruct=True)

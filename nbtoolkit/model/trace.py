@@ -95,8 +95,11 @@ class RankInfo:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RankInfo:
-        return cls(**data)
+    def from_json(cls, data: dict[str, Any], where: str = "rank metadata") -> RankInfo:
+        """The RankInfo of :meth:`to_json`'s output, each field checked (a TraceError names ``where``)."""
+        from nbtoolkit.model.trace_saved import rank_info
+
+        return cls(**rank_info(data, where))
 
 
 # repr: the Result text summary, not a dump of the frames; eq: identity (frames have no truth value)
@@ -279,61 +282,53 @@ class Trace(Result):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        for rank, frame in self.events.items():
-            pq.write_table(
-                pa.Table.from_pandas(frame, preserve_index=False), folder / f"rank{rank}.events.parquet"
-            )
-            coll = self.collectives.get(rank)
-            if coll is not None and len(coll):
+        from nbtoolkit.errors import SaveError
+        from nbtoolkit.model.paths import path_errors
+        from nbtoolkit.model.saved import folder_to_save
+
+        folder = folder_to_save(path, "trace.json", what="Trace")
+        with path_errors(folder, "save the Trace into", error=SaveError):
+            for rank, frame in self.events.items():
                 pq.write_table(
-                    pa.Table.from_pandas(coll, preserve_index=False),
-                    folder / f"rank{rank}.collectives.parquet",
+                    pa.Table.from_pandas(frame, preserve_index=False), folder / f"rank{rank}.events.parquet"
                 )
-        meta = {
-            "nbtoolkit_trace": _FORMAT_VERSION,
-            "notes": self.notes,
-            "ranks": [self.info[r].to_json() for r in self.ranks],
-        }
-        (folder / "trace.json").write_text(json.dumps(meta, indent=1, default=str))
+                coll = self.collectives.get(rank)
+                if coll is not None and len(coll):
+                    pq.write_table(
+                        pa.Table.from_pandas(coll, preserve_index=False),
+                        folder / f"rank{rank}.collectives.parquet",
+                    )
+            meta = {
+                "nbtoolkit_trace": _FORMAT_VERSION,
+                "notes": self.notes,
+                "ranks": [self.info[r].to_json() for r in self.ranks],
+            }
+            (folder / "trace.json").write_text(json.dumps(meta, indent=1, default=str))
         return folder
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        """Read a folder written by :meth:`save`."""
-        import pyarrow.parquet as pq
+        """Read a folder written by :meth:`save`; a damaged or edited one is a TraceError naming the file."""
+        from nbtoolkit.model.saved import check_version, read_json, saved_folder
+        from nbtoolkit.model.trace_saved import check_meta, read_rank
 
-        folder = Path(path)
-        meta_path = folder / "trace.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except FileNotFoundError:
-            raise TraceError(
-                f"{folder}: no trace.json here; is this a folder written by Trace.save()?"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise TraceError(f"{meta_path}: cannot read saved trace metadata ({exc})") from None
+        folder, meta_path = saved_folder(path, "trace.json", what="Trace", error=TraceError)
+        meta = read_json(meta_path, what="Trace", error=TraceError)
+        check_version(meta.get("nbtoolkit_trace"), _FORMAT_VERSION, meta_path, what="Trace", error=TraceError)
         if meta.get("nbtoolkit_trace") != _FORMAT_VERSION:
             raise TraceError(
-                f"{meta_path}: not a saved nbtoolkit trace (format {meta.get('nbtoolkit_trace')!r})"
+                f"{meta_path}: not a saved nbtoolkit trace (format {str(meta.get('nbtoolkit_trace'))[:40]!r})"
             )
+        notes, infos = check_meta(meta, meta_path)
         events: dict[int, pd.DataFrame] = {}
         collectives: dict[int, pd.DataFrame] = {}
         info: dict[int, RankInfo] = {}
-        for entry in meta["ranks"]:
-            rank_info = RankInfo.from_json(entry)
-            rank = rank_info.rank
-            info[rank] = rank_info
-            try:
-                events[rank] = pq.read_table(folder / f"rank{rank}.events.parquet").to_pandas()
-            except (OSError, ValueError) as exc:
-                raise TraceError(f"{folder}: events of rank {rank} cannot be read ({exc})") from None
-            coll_path = folder / f"rank{rank}.collectives.parquet"
-            collectives[rank] = (
-                pq.read_table(coll_path).to_pandas() if coll_path.exists() else empty_collectives()
-            )
-        return cls(events=events, info=info, collectives=collectives, notes=list(meta.get("notes", [])))
+        for fields in infos:
+            rank = fields["rank"]
+            info[rank] = RankInfo(**fields)
+            events[rank], coll = read_rank(folder, rank)
+            collectives[rank] = coll if coll is not None else empty_collectives()
+        return cls(events=events, info=info, collectives=collectives, notes=notes)
 
 
 @dataclass(repr=False, eq=False)

@@ -151,11 +151,18 @@ def report(
         raise NbtUsageError(
             "report() needs at least one result: pass result objects, figures or (title, obj) pairs"
         )
-    target = Path(path).expanduser()
+    from nbtoolkit.model.paths import os_problem, shown_path, user_path
+
+    target = user_path(path)
     if target.suffix.lower() not in {".html", ".htm"}:
-        raise NbtUsageError(f"a report is an HTML file: give a path ending in .html, not {str(target)!r}")
-    if not target.parent.exists():
-        raise NbtUsageError(f"cannot write {target}: folder {target.parent} does not exist; create it first")
+        raise NbtUsageError(
+            f"a report is an HTML file: give a path ending in .html, not {shown_path(target)!r}"
+        )
+    if not target.parent.is_dir():
+        raise NbtUsageError(
+            f"cannot write {shown_path(target)}: folder {shown_path(target.parent)} does not exist; "
+            "create it first"
+        )
 
     sections = _normalize(results)
     plotly_included = False
@@ -180,7 +187,7 @@ def report(
     try:
         target.write_text(document, encoding="utf-8")
     except OSError as exc:
-        raise NbtUsageError(f"cannot write the report to {target}: {exc.strerror}") from None
+        raise NbtUsageError(os_problem(exc, target, "write the report to")) from None
     return ReportFile(path=target, size_bytes=target.stat().st_size, sections=tuple(h for h, _ in sections))
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
 from nbtoolkit.io.user_source import MAX_SOURCE_BYTES, SourcePolicy, read_source_lines
@@ -181,12 +182,8 @@ def test_source_encoding_is_honoured_and_bad_bytes_do_not_fail(tmp_path: Path) -
 
 
 def test_the_magic_takes_source_roots_and_the_report_says_where_context_came_from(
-    tmp_path: Path, secrets: dict[str, Path]
+    shell: InteractiveShell, tmp_path: Path, secrets: dict[str, Path]
 ) -> None:
-    from IPython.testing.globalipapp import get_ipython
-
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "nbtoolkit")
     log = _log(tmp_path, [(str(secrets["code"] / "train.py"), 4)])
     shell.run_line_magic("nbt", f"compile-log {log} --source-root {secrets['code']} --name with_roots")
     assert "x.item()" in shell.user_ns["with_roots"].breaks["source_context"].iloc[0]
