@@ -59,15 +59,20 @@ def cached_snapshot(
         snapshot = read()
         snapshot.notes.append(f"could not write the cache ({refused}); next time the pickle is read")
         return snapshot
+    damage = ""
     if is_plain_folder(folder) and (folder / "snapshot.json").is_file():
         try:
             snapshot = MemorySnapshot.load(folder)
-        except SnapshotError:
-            pass  # damaged: read the pickle again and rewrite it
+        except SnapshotError as exc:
+            damage = str(exc)  # damaged: read the pickle again and rewrite it
         else:
             snapshot.notes.append(f"read from the cache {folder} (made from {source.name} once)")
             return snapshot
     snapshot = read()
+    if damage:
+        snapshot.notes.append(
+            f"the cache {folder} was damaged ({damage[:200]}); read the pickle again and rewrote it"
+        )
     try:
         write_cached_folder(root, folder.name, snapshot.save)
     except OSError as exc:

@@ -95,5 +95,6 @@ def test_an_unwritable_or_damaged_cache_costs_speed_not_the_result(
     repaired = nbt.load_memory_snapshot(big_pickle, cache_dir=cache_dir)
     _assert_same(repaired, direct)
     assert not any("read from the cache" in n for n in repaired.notes)
+    assert any("was damaged" in n and "rewrote it" in n for n in repaired.notes)
     _no_unpickling(monkeypatch)  # rewritten: the next load reads it
     _assert_same(nbt.load_memory_snapshot(big_pickle, cache_dir=cache_dir), direct)
