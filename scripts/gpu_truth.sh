@@ -13,8 +13,9 @@ if [ -x .venv/bin/python ] && [ -z "${NBT_GPU_TRUTH_SYSTEM_PYTHON:-}" ] && ! "$P
   PYTHON=.venv/bin/python  # this checkout's environment, where the system Python has no torch
 fi
 path="$PWD"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  # The device machine: its own torch, numpy, pandas and pyarrow; the rest unpacked from .whl/.
+if compgen -G ".whl/*.whl" >/dev/null && ! "$PYTHON" -c "import msgspec, orjson, plotly, pulp, IPython" 2>/dev/null; then
+  # The device machine: its own torch, numpy, pandas and pyarrow; the rest unpacked from .whl/
+  # (only where they are missing: an environment that has them keeps its own builds).
   site=${NBT_GPU_SITE:-/tmp/nbt-gpu-site}
   "$PYTHON" scripts/unpack_wheels.py .whl "$site"
   path="$path:$site"
