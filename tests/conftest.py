@@ -93,3 +93,17 @@ def no_instrument_left_active() -> Iterator[None]:
     assert _logging_state() == before_logging, "log handlers were added or removed and not restored"
     assert sys.getprofile() is before_profile, "a Python profiler was left installed (sys.setprofile)"
     assert sys.gettrace() is before_trace, "a Python tracer was left installed (sys.settrace)"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """Stands in for /etc in the link tests: a folder that must stay exactly as it is."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    (folder / "passwd").write_text("root:x:0:0\n")
+    return folder
+
+
+def folder_state(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes: equal before and after means untouched."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

@@ -11,24 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 import nbtoolkit as nbt
 from nbtoolkit.io.snapshot_cache import cache_folder
 from nbtoolkit.model.snapshot_columns import SnapshotFilter
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """Stands in for /etc: a folder that must stay exactly as it is."""
-    folder = tmp_path / "victim"
-    folder.mkdir()
-    (folder / "passwd").write_text("root:x:0:0\n")
-    return folder
-
-
-def _state(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+from tests.conftest import folder_state
 
 
 def test_a_snapshot_cache_never_follows_links(recorded_memory: object, victim: Path, tmp_path: Path) -> None:
@@ -37,18 +23,18 @@ def test_a_snapshot_cache_never_follows_links(recorded_memory: object, victim: P
     folder.mkdir()
     source = folder / "snap.pickle"
     shutil.copy2(snapshot, source)
-    before = _state(victim)
+    before = folder_state(victim)
     direct = nbt.load_memory_snapshot(source)
 
     (folder / ".nbt-cache").symlink_to(victim, target_is_directory=True)
     shipped = nbt.load_memory_snapshot(source, cache=True)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     assert any("symbolic link" in note for note in shipped.notes)
 
     link = tmp_path / "cache_link"
     link.symlink_to(victim, target_is_directory=True)
     explicit = nbt.load_memory_snapshot(source, cache_dir=link)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     assert any("symbolic link" in note for note in explicit.notes)
 
     real = tmp_path / "real_cache"
@@ -56,7 +42,7 @@ def test_a_snapshot_cache_never_follows_links(recorded_memory: object, victim: P
     entry = cache_folder(source, SnapshotFilter(), real)
     entry.symlink_to(victim, target_is_directory=True)  # a link at the entry's exact name
     cached = nbt.load_memory_snapshot(source, cache_dir=real)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     assert not entry.is_symlink() and (entry / "snapshot.json").is_file()
     again = nbt.load_memory_snapshot(source, cache_dir=real)
     assert any("read from the cache" in note for note in again.notes)

@@ -20,6 +20,7 @@ import pytest
 import nbtoolkit as nbt
 from nbtoolkit.io.cache_folder import read_cached_file, usable_cache_folder, write_cached_file
 from nbtoolkit.io.trace_cache import cache_key
+from tests.conftest import folder_state
 
 
 @pytest.fixture
@@ -31,24 +32,11 @@ def traces(tmp_path: Path, gloo_trace_folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """Stands in for /etc: a folder that must stay exactly as it is."""
-    folder = tmp_path / "victim"
-    folder.mkdir()
-    (folder / "passwd").write_text("root:x:0:0\n")
-    return folder
-
-
-def _state(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_a_shipped_cache_link_is_not_followed(traces: Path, victim: Path) -> None:
-    before = _state(victim)
+    before = folder_state(victim)
     (traces / ".nbt-cache").symlink_to(victim, target_is_directory=True)
     summary = nbt.summarize_traces(traces, cache=True, workers=1)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     assert any("symbolic link" in note for note in summary.notes)
     assert summary.cache_dir is None
     pd.testing.assert_frame_equal(summary.overlap, nbt.summarize_traces(traces, workers=1).overlap)
@@ -57,11 +45,11 @@ def test_a_shipped_cache_link_is_not_followed(traces: Path, victim: Path) -> Non
 def test_an_explicit_cache_dir_that_is_a_link_is_not_followed(
     traces: Path, victim: Path, tmp_path: Path
 ) -> None:
-    before = _state(victim)
+    before = folder_state(victim)
     link = tmp_path / "cache_link"
     link.symlink_to(victim, target_is_directory=True)
     summary = nbt.summarize_traces(traces, cache_dir=link, workers=1)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     assert any("symbolic link" in note and "cache_dir=" in note for note in summary.notes)
 
 
@@ -71,13 +59,13 @@ def test_links_planted_at_the_entry_names_are_replaced_not_written_through(
     """A real cache folder whose entry names are links to the victim: writes land in the cache only."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    before = _state(victim)
+    before = folder_state(victim)
     for rank_file in sorted(traces.glob("*.json")):
         key = cache_key(rank_file)
         (cache / f"{key}.summary.json").symlink_to(victim / "passwd")
         (cache / key).symlink_to(victim, target_is_directory=True)
     first = nbt.summarize_traces(traces, cache_dir=cache, workers=1)
-    assert _state(victim) == before
+    assert folder_state(victim) == before
     for rank_file in sorted(traces.glob("*.json")):
         key = cache_key(rank_file)
         assert not (cache / key).is_symlink() and (cache / key / "trace.json").is_file()
