@@ -112,7 +112,7 @@ def test_memory_view_keeps_every_peak() -> None:
     assert (view.min_total <= view.max_total).all()
     # brute force on one zoomed window: per pixel the max of the states it covers
     t0, t1 = np.quantile(events["time_us"], [0.2, 0.21])
-    view = index.view(t0, t1, 40)
+    view = index.view(t0 - index.origin, t1 - index.origin, 40)  # windows are µs from the first event
     edges = np.linspace(t0, t1, 41)
     times = events["time_us"].to_numpy()
     for k in range(40):
