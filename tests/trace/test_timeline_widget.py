@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "<script>window.__pwned = 1</script>"
 BOLD = "<b>bold</b>"
 DTYPES = {
-    "e_lane": np.uint16, "e_start": np.float64, "e_dur": np.float32, "e_row": np.int32, "e_kind": np.uint8,
+    "e_lane": np.uint16, "e_start": np.float64, "e_dur": np.float64, "e_row": np.int32, "e_kind": np.uint8,
     "e_name": np.uint32, "a_lane": np.uint16, "a_px": np.uint16, "a_count": np.uint32, "a_busy": np.float32,
     "a_row": np.int32, "a_kind": np.uint8, "a_name": np.uint32,
 }  # fmt: skip
