@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = "<script>window.__pwned = 1</script>"
 BOLD = "<b>bold</b>"
 TRACE_ARGS = "300_000, ranks=2, streams=2, special=(SCRIPT, BOLD)"
+LANE_HEIGHT = 22  # widgets/timeline.js
 CELLS = [
     (
         "import nbtoolkit as nbt\n"
@@ -144,19 +145,20 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             # ---- hover: names shown as text, never as elements or script
             trace_root = roots.nth(1)
             trace_root.scroll_into_view_if_needed()
-            canvas = trace_root.locator("canvas")
+            canvas = trace_root.locator("canvas.nbt-tl-canvas")
             box = canvas.bounding_box()
             assert box is not None
-            x_script = _hover_until(page, box, 11, fractions[SCRIPT], SCRIPT)
+            lane_y = LANE_HEIGHT * 1.5  # lane 0: below rank 0's header (two ranks: foldable)
+            x_script = _hover_until(page, box, lane_y, fractions[SCRIPT], SCRIPT)
             tip = trace_root.locator(".nbt-tl-tip")
             assert tip.locator("span script, span b").count() == 0
             assert "&lt;script&gt;" in tip.inner_html()
-            _hover_until(page, box, 11, fractions[BOLD], BOLD)
+            _hover_until(page, box, lane_y, fractions[BOLD], BOLD)
             assert tip.locator("span b").count() == 0
             assert page.evaluate("() => window.__pwned") is None
 
             # ---- click: the kernel's selection comes back
-            page.mouse.click(x_script, box["y"] + 11)
+            page.mouse.click(x_script, box["y"] + lane_y)
             selection = trace_root.locator(".nbt-tl-selection")
             selection.filter(has_text=SCRIPT).wait_for(timeout=30_000)
             assert selection.locator("script").count() == 0
@@ -189,7 +191,7 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             # ---- the 1M-event memory timeline: frame times while zooming and panning
             memory_root = roots.nth(2)
             memory_root.scroll_into_view_if_needed()
-            mbox = memory_root.locator("canvas").bounding_box()
+            mbox = memory_root.locator("canvas.nbt-tl-canvas").bounding_box()
             assert mbox is not None
             page.mouse.move(mbox["x"] + mbox["width"] * 0.4, mbox["y"] + 100)
             page.evaluate(FRAME_RECORDER)
