@@ -57,7 +57,8 @@ function formatTime(us) {
   if (a >= 1e6) return (us / 1e6).toFixed(3) + " s";
   if (a >= 1e3) return (us / 1e3).toFixed(3) + " ms";
   if (a >= 1) return us.toFixed(2) + " µs";
-  return (us * 1e3).toFixed(a >= 1e-3 || a === 0 ? 1 : 3) + " ns";
+  const ns = us * 1e3; // the 1 ns limit reads "1.0 ns" even a rounding error below it
+  return (Math.abs(ns) >= 0.95 || ns === 0 ? ns.toFixed(1) : ns.toPrecision(2)) + " ns";
 }
 
 // ---------------------------------------------------------------- time axis
@@ -281,7 +282,7 @@ function render({ model, el: host }) {
     if (started !== undefined) stats.roundtrips.push(performance.now() - started);
     root.dataset.views = String(stats.views);
     status.textContent = kind === "trace"
-      ? `${formatTime(win[1] - win[0])} shown · ${msg.exact} events, ${msg.bins} bins`
+      ? (nLanes ? `${formatTime(win[1] - win[0])} shown · ${msg.exact} events, ${msg.bins} bins` : "no events to draw")
       : `${formatTime(win[1] - win[0])} shown`;
     draw();
   }
@@ -595,7 +596,8 @@ function render({ model, el: host }) {
       const top = (s.alive || [])[0];
       if (top) text += ` · largest live: ${formatBytes(top.bytes)} ${top.category}` + (top.source ? ` from ${top.source}` : "");
     } else {
-      text = `selected: ${s.name} · ${formatTime(s.dur_us)} · ${s.lane}`;
+      const name = String(s.name ?? "?"); // whole in w.selected; cut on the page like the tooltip's
+      text = `selected: ${name.length > 300 ? name.slice(0, 300) + "…" : name} · ${formatTime(s.dur_us)} · ${s.lane}`;
     }
     selection.append(el("span", "", text), el("span", "nbt-tl-hint", "  (w.selected in the notebook)"));
   }

@@ -57,6 +57,7 @@ class MemoryIndex:
     timeline: MemoryTimeline
     origin: float = 0.0  # the timeline's time_us of its first event: time 0 here
     events: pd.DataFrame | None = None  # the timeline's events in index order (state i + 1 = after row i)
+    untimed: int = 0  # events without a finite time (a damaged saved timeline): in no state
 
     @property
     def start(self) -> float:
@@ -102,7 +103,8 @@ def memory_index(timeline: MemoryTimeline) -> MemoryIndex:
     events = timeline.events
     times = events["time_us"].to_numpy(np.float64)
     finite = np.isfinite(times)
-    if not finite.all():  # a damaged saved timeline: events without a time have no place on it
+    untimed = int((~finite).sum())
+    if untimed:  # a damaged saved timeline: events without a time have no place on it
         events, times = events[finite], times[finite]
     if len(times) > 1 and (np.diff(times) < 0).any():  # keep the event order of equal times
         order = np.argsort(times, kind="stable")
@@ -124,5 +126,5 @@ def memory_index(timeline: MemoryTimeline) -> MemoryIndex:
     total = np.r_[np.int64(0), np.cumsum(delta)]
     return MemoryIndex(
         times=times, total=total, by_category=by_category, categories=categories, timeline=timeline,
-        origin=origin, events=events.reset_index(drop=True),
+        origin=origin, events=events.reset_index(drop=True), untimed=untimed,
     )

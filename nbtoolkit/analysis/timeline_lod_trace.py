@@ -202,6 +202,8 @@ def trace_timeline_index(
     under its full build time this way.
     """
     chosen = trace.ranks if ranks is None else list(dict.fromkeys(ranks))
+    if not chosen:
+        raise NbtUsageError(f"ranks={ranks!r} selects no rank to draw; ranks present: {trace.ranks}")
     missing = [r for r in chosen if r not in trace.events]
     if missing:
         raise NbtUsageError(f"ranks {missing} are not in this trace; ranks present: {trace.ranks}")

@@ -277,7 +277,7 @@ class MemoryTimelineWidget(_TimelineWidget):
         peak_time = float(index.times[peak_at - 1]) if peak_at > 0 else 0.0
         super().__init__(
             kind="memory",
-            title=f"memory on {index.timeline.device}, {len(index.times):,} events",
+            title=f"memory on {index.timeline.device}, {_memory_count_text(index)}",
             lanes=[],
             categories=list(index.categories),
             span=span,
@@ -310,7 +310,7 @@ class MemoryTimelineWidget(_TimelineWidget):
     def summary(self) -> str:
         index = self.index
         return (
-            f"Memory timeline widget: {index.timeline.device}, {len(index.times):,} events, "
+            f"Memory timeline widget: {index.timeline.device}, {_memory_count_text(index)}, "
             f"peak {format_bytes(int(index.total.max()))} at {format_seconds(self.peak[0] / 1e6)}; "
             "wheel zooms, drag pans, click selects an instant (w.selected)"
         )
@@ -326,7 +326,7 @@ class MemoryTimelineWidget(_TimelineWidget):
         Frames of this kernel's cells (in ``source`` and ``stack``) are named ``Cell In[N], line L``.
         """
         from nbtoolkit.analysis.memory import alive_at_peak
-        from nbtoolkit.views.cell_names import name_cells
+        from nbtoolkit.capture.cell_names import name_cells
 
         index = self.index
         time = float(content["time"])
@@ -347,6 +347,13 @@ class MemoryTimelineWidget(_TimelineWidget):
             },
             "alive": records,
         }
+
+
+def _memory_count_text(index: MemoryIndex) -> str:
+    """The timeline's events, as its own length counts them, and those without a time (not drawn)."""
+    total = len(index.times) + index.untimed
+    note = f" ({index.untimed:,} without a finite time, not drawn)" if index.untimed else ""
+    return f"{total:,} events{note}"
 
 
 def _add(cols: dict[str, list[np.ndarray]], key: str, values: np.ndarray) -> None:

@@ -372,7 +372,7 @@ def test_memory_widget_on_epoch_times_zooms_to_a_nanosecond() -> None:
 def test_cells_of_this_kernel_are_named_like_tracebacks() -> None:
     from ipykernel.compiler import XCachingCompiler
 
-    from nbtoolkit.views.cell_names import name_cells
+    from nbtoolkit.capture.cell_names import name_cells
 
     compiler = XCachingCompiler()
     name = compiler.cache("import torch\nx = torch.ones(3)\n", 7)  # ipykernel's temp file of cell 7
@@ -421,3 +421,28 @@ def test_memory_selection_names_the_cell(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
     w._on_message(w, {"type": "select", "time": w.peak[0]}, [])
     assert {a["source"] for a in w.selected["alive"]} == {f"{name}(1): <module>"}
+
+
+def test_memory_capture_in_a_kernel_names_the_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function defined in cell 5 allocates: the recorded source reads as a traceback names the cell."""
+    import IPython
+    import torch
+    from ipykernel.compiler import XCachingCompiler
+
+    compiler = XCachingCompiler()
+    code = "def make():\n    return torch.ones(256, 256)\n"
+    name = compiler.cache(code, 5)  # what ipykernel does with cell 5 before running it
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(code, name, "exec"), namespace)  # the cell, run as the kernel runs it
+
+    class Kernel:
+        kernel = object()
+        compile = compiler
+
+    monkeypatch.setattr(IPython, "get_ipython", Kernel)
+    timeline = nbt.memory_timeline(namespace["make"])
+    sources = set(timeline.events["source"]) - {""}
+    assert sources == {"Cell In[5], line 1: make"}, sources
+    assert not any(name in stack for stack in timeline.stacks)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # outside a kernel: the path stays
+    assert set(nbt.memory_timeline(namespace["make"]).events["source"]) - {""} == {f"{name}(1): make"}
