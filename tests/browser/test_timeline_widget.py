@@ -206,6 +206,18 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             page.wait_for_timeout(1000)
             frames = page.evaluate("() => { window.__recording = false; return window.__frames; }")
             memory = _stats(page, 2)
+            # Hover the bottom of the stacked area: the tooltip, every category row of it, stays
+            # inside the widget (it used to run off the bottom, its category rows hidden).
+            mbox = memory_root.locator("canvas.nbt-tl-canvas").bounding_box()
+            assert mbox is not None
+            memory_tip = memory_root.locator(".nbt-tl-tip")
+            for fraction in np.linspace(0.3, 0.7, 20):
+                page.mouse.move(mbox["x"] + fraction * mbox["width"], mbox["y"] + mbox["height"] - 3)
+                page.wait_for_timeout(40)
+                if memory_tip.is_visible() and memory_tip.locator(".nbt-tl-tip-row").count() >= 5:
+                    break
+            tip_rows = memory_tip.locator(".nbt-tl-tip-row").count()
+            tip_box, memory_box = memory_tip.bounding_box(), memory_root.bounding_box()
             # Save as a person would (Ctrl+S): what the outputs of 1.3M events add to the file.
             page.keyboard.press("Control+s")
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
@@ -242,6 +254,10 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
     assert page_errors == [], f"JavaScript exceptions on the page: {page_errors}"
     assert real_console == [], f"JavaScript errors in the console: {real_console}"
     assert memory["views"] >= 3  # zooms and pans fetched new views of the 1M events
+    assert tip_rows >= 5 and tip_box is not None and memory_box is not None  # times, totals, categories
+    inner, outer = tip_box, memory_box
+    assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"]
+    assert outer["x"] <= inner["x"] and inner["x"] + inner["width"] <= outer["x"] + outer["width"]
     assert measured["bytes_per_view_max"] < 1_000_000 and measured["trace_bytes_per_view_max"] < 1_000_000
     assert outputs_bytes + widget_state_bytes < 1_000_000  # the notebook grows by less than 1 MB
     assert any("nbt-timeline-static" in json.dumps(c.get("outputs", [])) for c in saved.cells)

@@ -337,6 +337,8 @@ def test_ranks_fold_into_one_summary_lane(tmp_path: Path) -> None:
     # one rank: nothing to fold, no headers
     single = nbt.timeline_widget(trace, ranks=[2])
     assert single.ranks == [] and single.folded == []
+    with pytest.raises(NbtUsageError, match="selects no rank"):
+        nbt.timeline_widget(trace, ranks=[])
 
 
 def test_nan_and_inf_durations_draw_as_instants(tmp_path: Path) -> None:
@@ -367,6 +369,11 @@ def test_memory_widget_on_epoch_times_zooms_to_a_nanosecond() -> None:
     assert w.selected["total_bytes"] == state
     w._on_message(w, {"type": "select", "time": float("nan")}, [])
     assert sent[-1][0]["type"] == "error"
+    # events without a finite time (a damaged saved timeline) are counted and said, not drawn
+    events.loc[5, "time_us"], events.loc[6, "time_us"] = np.nan, np.inf
+    w = nbt.memory_widget(nbt.MemoryTimeline(events=events))
+    assert w.title.endswith("20,000 events (2 without a finite time, not drawn)")
+    assert np.isfinite(w.span).all() and w.span[1] < 6e6
 
 
 def test_cells_of_this_kernel_are_named_like_tracebacks() -> None:
