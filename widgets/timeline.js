@@ -28,7 +28,8 @@ const CATEGORY_COLOURS = {
 const LANE_HEIGHT = 22;
 const MEMORY_HEIGHT = 260;
 const AXIS_HEIGHT = 22;
-const MAX_ROWS = 20; // rows shown before the lanes scroll (timeline_widget.MAX_PLOT_ROWS)
+const MAX_ROWS = 20;
+const MIN_ROWS = 3; // a trace of one lane still leaves its tooltip room // rows shown before the lanes scroll (timeline_widget.MAX_PLOT_ROWS)
 const MIN_WINDOW_US = 1e-3; // the deepest zoom: 1 ns (timeline_lod.MIN_WINDOW_US)
 const DTYPES = {
   e_lane: Uint16Array, e_start: Float64Array, e_dur: Float64Array, e_row: Int32Array,
@@ -187,7 +188,7 @@ function render({ model, el: host }) {
       }
       rowOf = new Map();
       rows.forEach((r, i) => { if (r.id >= 0) rowOf.set(r.id, i); });
-      plotHeight = Math.max(1, rows.length) * LANE_HEIGHT;
+      plotHeight = Math.max(MIN_ROWS, rows.length) * LANE_HEIGHT; // room for a tooltip
       labels.replaceChildren();
       for (const row of rows) {
         const label = el("div", "nbt-tl-label", row.label);
@@ -509,6 +510,7 @@ function render({ model, el: host }) {
     tip.replaceChildren();
     for (const [key, value] of tipLines(h)) {
       const row = el("div", "nbt-tl-tip-row");
+      // A long value (a templated kernel's name) takes at most three lines: the rows below it show.
       row.append(el("b", "", key + ": "), el("span", "", value));
       tip.append(row);
     }

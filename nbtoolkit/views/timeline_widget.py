@@ -146,7 +146,7 @@ class TraceTimelineWidget(_TimelineWidget):
         folded = index.ranks[1:] if several and len(index.lanes) > FOLD_ABOVE_LANES else []
         super().__init__(
             kind="trace",
-            title=f"{len(index.lanes)} lanes, {event_count_text(index)}",
+            title=f"{_lanes_text(index)}, {event_count_text(index)}",
             lanes=[lane.label for lane in index.lanes],
             span=span,
             window=span,
@@ -229,7 +229,7 @@ class TraceTimelineWidget(_TimelineWidget):
         index = self.index
         first = index.lanes[0].label if index.lanes else "none"
         return (
-            f"Timeline widget: {len(index.lanes)} lanes (first: {first}), {event_count_text(index)} "
+            f"Timeline widget: {_lanes_text(index)} (first: {first}), {event_count_text(index)} "
             f"over {format_seconds(index.duration / 1e6)}; "
             "wheel zooms, drag pans, click selects (w.selected)"
             + ("; click a rank's header to fold it (w.folded)" if len(index.ranks) > 1 else "")
@@ -248,6 +248,10 @@ class TraceTimelineWidget(_TimelineWidget):
         event = self.index.event(lane, row)
         event["correlated"] = _correlated(self.index, lane, row)
         return event
+
+
+def _lanes_text(index: TraceTimelineIndex) -> str:
+    return f"{len(index.lanes)} lane{'' if len(index.lanes) == 1 else 's'}"
 
 
 def event_count_text(index: TraceTimelineIndex) -> str:

@@ -185,6 +185,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             seen["pwned"] = page.evaluate("() => window.__pwned === undefined ? null : window.__pwned")
             seen["xss_elements"] = page.locator(".nbt-timeline img").count()
             seen["long_tip"] = _hover(page, XSS_, 0.8)
+            shots = [tmp_path / "timeline_hostile_long_name.png", tmp_path / "timeline_hostile_tiny.png"]
+            page.locator(".nbt-timeline").nth(XSS_).screenshot(path=str(shots[0]))
             box = _canvas_box(page, XSS_)
             page.mouse.click(box["x"] + 0.8 * box["width"], box["y"] + 11)
             page.locator(".nbt-timeline").nth(XSS_).locator(".nbt-tl-selection").filter(
@@ -210,6 +212,7 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             )
             page.wait_for_timeout(1000)
             seen["tiny"] = _hover(page, TINY, 0.5, y=LANE_Y_FIRST_LANE)
+            page.locator(".nbt-timeline").nth(TINY).screenshot(path=str(shots[1]))
 
             # 8: memory timeline of one event
             seen["memory_one_tip"] = _hover(page, MEMORY_ONE, 0.05, y=200)
@@ -241,7 +244,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
         finally:
             browser.close()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, SCREENSHOTS / shot.name)
+    for path in (shot, *shots):
+        shutil.copy(path, SCREENSHOTS / path.name)
     print("hostile widget cases:", seen)
 
     # every widget drew, said no error, and labelled its axis with distinct ticks
@@ -266,7 +270,7 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
     assert seen["instant_tip"]["tip"] and "events: 1" in seen["instant_tip"]["tip"]
     assert seen["instant_zoomed"]["window"][1] == pytest.approx(1e-3)
     # 5: NaN / ±inf durations in a saved result: 3 instants over 20 µs (the last start), not 1e308
-    assert seen["first"][SAVED]["title"].startswith("1 lanes, 3 events")
+    assert seen["first"][SAVED]["title"].startswith("1 lane, 3 events")
     assert "[0.0, 20.0]" in seen["kernel"]
     # 6: squeezed: nothing sticks out, still a canvas, the tooltip inside
     tiny = seen["tiny"]
