@@ -66,6 +66,16 @@ class _TimelineWidget(anywidget.AnyWidget):
     selected = traitlets.Dict().tag(sync=True)
     height = traitlets.Int(0).tag(sync=True)  # px of the plot area; 0: sized to the rows (capped)
 
+    @traitlets.validate("window")
+    def _valid_window(self, proposal: Any) -> list[float]:
+        """``w.window = [t0, t1]`` from the notebook: finite and in order; narrower than 1 ns widens."""
+        value = list(proposal["value"])
+        if len(value) != 2:
+            raise NbtUsageError(f"w.window is [t0, t1] in µs from the origin; got {value!r}")
+        t0, t1 = widen_window(float(value[0]), float(value[1]))
+        check_window(t0, t1, 1)
+        return [t0, t1]
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.on_msg(self._on_message)
@@ -156,6 +166,16 @@ class TraceTimelineWidget(_TimelineWidget):
             folded=folded,
             **kwargs,
         )
+
+    @traitlets.validate("folded")
+    def _valid_folded(self, proposal: Any) -> list[int]:
+        """``w.folded`` from the notebook: ranks this widget shows (in their order), each once."""
+        asked = [int(r) for r in proposal["value"]]
+        unknown = sorted(set(asked) - set(self.ranks))
+        if unknown:
+            shown = f"ranks shown: {self.ranks}" if self.ranks else "a one-rank timeline has nothing to fold"
+            raise NbtUsageError(f"cannot fold rank(s) {unknown}: {shown}")
+        return [r for r in self.ranks if r in asked]
 
     def view_payload(
         self, t0: float, t1: float, width: int, *, client: str = "", rows: list[int] | None = None

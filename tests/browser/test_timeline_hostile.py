@@ -7,7 +7,8 @@ results); what a person would see is checked on the page:
    made, no script run;
 2. a 100,000-character event name: its tooltip stays inside the widget, the selection line is cut,
    ``w.selected`` keeps the name whole;
-3. a trace of a single event: wheel out far past the whole trace and in to 1 ns, no error;
+3. a trace of a single event: wheel out far past the whole trace, drag far past its start, and
+   zoom in to 1 ns: held at the trace's ends, no error;
 4. a trace of one zero-duration event (a zero-length trace): drawn, hover works, zoom is a no-op;
 5. a saved result whose durations are NaN and ±inf: a trace of the right length, no error;
 6. a widget squeezed to 140 px: no horizontal overflow, the axis still has distinct labels, the
@@ -18,8 +19,8 @@ results); what a person would see is checked on the page:
    cell: the selected instant's allocations and the magic's own table name that cell as a
    traceback does ("Cell In[9], line 1: make"; the profiler gives a function's ``def`` line), not
    ipykernel's temporary file (``/tmp/ipykernel_N/123.py(1): make``);
-10. the notebook sets ``w.window`` to a zero-width window and ``w.folded`` to a rank that does not
-    exist: the page clamps, no error.
+10. the notebook sets ``w.window`` to a zero-width window (widened to 1 ns), to NaN, and
+    ``w.folded`` to a rank that is not shown: one clear error each, the page keeps working.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import numpy as np
 import pytest
 
 from tests.browser.lab_harness import CHROMIUM, CHROMIUM_ARGS, jupyterlab, open_and_run_all
@@ -88,7 +90,12 @@ CELLS = [
     ),
     # run by the test after its clicks and zooms
     (
-        "w_one.window = [3.0, 3.0]\nw_tiny.folded = [99]\n"
+        "w_one.window = [3.0, 3.0]\n"
+        "for bad in ('w_tiny.folded = [99]', 'w_instant.window = [float(\"nan\"), 1.0]'):\n"
+        "    try:\n"
+        "        exec(bad)\n"
+        "    except nbt.NbtError as exc:\n"
+        "        print('REFUSED', exc)\n"
         "print('KERNEL', len(w_xss.selected.get('name', '')), w_one.window, w_saved.span)"
     ),
 ]
@@ -197,6 +204,16 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             # 3: one event: far out, then in to 1 ns
             _wheel(page, ONE, 30, 500)
             seen["one_out"] = _stats(page, ONE)
+            _wheel(page, ONE, 3, -500, fraction=0.02)  # a little in, near the start, then drag far right
+            box = _canvas_box(page, ONE)
+            page.mouse.move(box["x"] + 50, box["y"] + 11)
+            page.mouse.down()
+            for k in range(1, 11):
+                page.mouse.move(box["x"] + 50 + 70 * k, box["y"] + 11)
+                page.wait_for_timeout(20)
+            page.mouse.up()
+            page.wait_for_timeout(500)
+            seen["one_dragged"] = _stats(page, ONE)
             _wheel(page, ONE, 30, -500, fraction=0.3)
             seen["one_in"] = _stats(page, ONE)
 
@@ -233,7 +250,7 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             last = page.locator(".jp-CodeCell").last
             last.locator(".jp-InputArea-editor").click()
             page.keyboard.press("Control+Enter")
-            out = last.locator(".jp-OutputArea-output").filter(has_text=re.compile(r"^KERNEL "))
+            out = last.locator(".jp-OutputArea-output").filter(has_text=re.compile(r"KERNEL \d"))
             out.wait_for(timeout=30_000)
             page.wait_for_timeout(1000)
             seen["kernel"] = out.text_content()
@@ -265,6 +282,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
     one_out, one_in = seen["one_out"], seen["one_in"]
     assert one_out["window"] == [0, 5] and len(one_out["ticks"]) >= 3
     assert one_in["window"][1] - one_in["window"][0] == pytest.approx(1e-3, rel=1e-6)
+    dragged = seen["one_dragged"]["window"]  # panned past the start: held at 0, same width
+    assert dragged[0] == 0 and dragged[1] == pytest.approx(5 * np.exp(-3), rel=0.05)
     assert one_in["status"].startswith("1.0 ns shown")
     # 4: the zero-length trace: 1 ns wide, hover names its event
     assert seen["instant_tip"]["tip"] and "events: 1" in seen["instant_tip"]["tip"]
@@ -288,6 +307,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
     assert "Cell In[9], line 1: make" in seen["memory_report"] and "ipykernel_" not in seen["memory_report"]
     assert "Cell In[9], line" in seen["memory_selection"], seen["memory_selection"]
     # 10: a zero-width window from the notebook: 1 ns at 3 µs; an unknown rank folds nothing
+    assert "REFUSED cannot fold rank(s) [99]: ranks shown: [0, 1]" in seen["kernel"]
+    assert "REFUSED timeline window must satisfy t0 < t1 (finite µs); got t0=nan" in seen["kernel"]
     one_after, tiny_after = seen["after_notebook"]
     assert one_after["window"][1] - one_after["window"][0] == pytest.approx(1e-3, rel=1e-6)
     assert tiny_after["errors"] == []

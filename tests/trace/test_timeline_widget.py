@@ -453,3 +453,16 @@ def test_memory_capture_in_a_kernel_names_the_cells(monkeypatch: pytest.MonkeyPa
     assert not any(name in stack for stack in timeline.stacks)
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # outside a kernel: the path stays
     assert set(nbt.memory_timeline(namespace["make"]).events["source"]) - {""} == {f"{name}(1): make"}
+
+
+def test_window_and_folded_set_from_the_notebook_are_checked(tmp_path: Path) -> None:
+    w = nbt.timeline_widget(_epoch_trace(tmp_path, ranks=2, streams=1, per_lane=20))
+    w.window = [3.0, 3.0]  # zero width: the 1 ns the page would clamp to
+    assert w.window[1] - w.window[0] == pytest.approx(1e-3) and sum(w.window) / 2 == pytest.approx(3.0)
+    for bad in ([float("nan"), 1.0], [5.0, 1.0], [1.0]):
+        with pytest.raises(NbtUsageError):
+            w.window = bad
+    w.folded = [1, 0, 1]
+    assert w.folded == [0, 1]
+    with pytest.raises(NbtUsageError, match=r"cannot fold rank\(s\) \[99\]: ranks shown: \[0, 1\]"):
+        w.folded = [99]
