@@ -20,7 +20,8 @@ results); what a person would see is checked on the page:
    traceback does ("Cell In[9], line 1: make"; the profiler gives a function's ``def`` line), not
    ipykernel's temporary file (``/tmp/ipykernel_N/123.py(1): make``);
 10. the notebook sets ``w.window`` to a zero-width window (widened to 1 ns), to NaN, and
-    ``w.folded`` to a rank that is not shown: one clear error each, the page keeps working.
+    ``w.folded`` to a rank that is not shown: one clear error each, the page keeps working;
+11. the same widget displayed twice: a rank folded in one view folds in the other.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ CELLS = [
         "sel = mem_widget.select({'time': mem_widget.peak[0]})\n"
         "print('SOURCE', [a['source'] for a in sel['alive']][:3])"
     ),
+    "from IPython.display import display\ndisplay(w_tiny)  # a second view of the same widget",
     # run by the test after its clicks and zooms
     (
         "w_one.window = [3.0, 3.0]\n"
@@ -99,8 +101,8 @@ CELLS = [
         "print('KERNEL', len(w_xss.selected.get('name', '')), w_one.window, w_saved.span)"
     ),
 ]
-N_WIDGETS = 8
-XSS_, ONE, INSTANT, SAVED, TINY, EMPTY, MEMORY_ONE, MEMORY_MAGIC = range(N_WIDGETS)
+N_WIDGETS = 9
+XSS_, ONE, INSTANT, SAVED, TINY, EMPTY, MEMORY_ONE, MEMORY_MAGIC, TINY_AGAIN = range(N_WIDGETS)
 
 
 def _write_notebook(folder: Path) -> str:
@@ -125,6 +127,14 @@ def _stats(page: Any, n: int) -> dict[str, Any]:
                             tipBox: tip.getBoundingClientRect().toJSON(),
                             scrollWidth: r.scrollWidth, clientWidth: r.clientWidth,
                             canvasWidth: r.querySelector('canvas').getBoundingClientRect().width}; }""",
+        n,
+    )
+
+
+def _labels(page: Any, n: int) -> list[str]:
+    return page.evaluate(
+        "(n) => [...document.querySelectorAll('.nbt-timeline')[n].querySelectorAll('.nbt-tl-label')]"
+        ".map(e => e.textContent)",
         n,
     )
 
@@ -246,6 +256,14 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             report = page.locator(".jp-OutputArea-output").filter(has_text="Largest allocations alive")
             seen["memory_report"] = report.first.text_content()
 
+            # 11: two views of one widget: a fold clicked in one folds the other
+            again = page.locator(".nbt-timeline").nth(TINY_AGAIN)
+            again.scroll_into_view_if_needed()
+            seen["views_before_fold"] = [_labels(page, n) for n in (TINY, TINY_AGAIN)]
+            again.locator(".nbt-tl-rank[data-rank='1']").click()
+            page.wait_for_timeout(1000)
+            seen["views_after_fold"] = [_labels(page, n) for n in (TINY, TINY_AGAIN)]
+
             # 10: the notebook sets nonsense windows and folds
             last = page.locator(".jp-CodeCell").last
             last.locator(".jp-InputArea-editor").click()
@@ -312,6 +330,10 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
     one_after, tiny_after = seen["after_notebook"]
     assert one_after["window"][1] - one_after["window"][0] == pytest.approx(1e-3, rel=1e-6)
     assert tiny_after["errors"] == []
+    # 11: both views of w_tiny: 2 rank headers and 4 lanes, then rank 1 folded in both
+    assert [len(v) for v in seen["views_before_fold"]] == [6, 6]
+    assert [len(v) for v in seen["views_after_fold"]] == [4, 4]
+    assert all(v[-1].startswith("▸ rank 1 · 2 lanes") for v in seen["views_after_fold"])
     real_console = [m for m in console if not any(n in m for n in _OFFLINE_NOISE)]
     assert page_errors == [], f"JavaScript exceptions on the page: {page_errors}"
     assert real_console == [], f"JavaScript errors in the console: {real_console}"
