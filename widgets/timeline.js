@@ -55,6 +55,7 @@ function typed(name, buffer) {
 
 function formatTime(us) {
   const a = Math.abs(us);
+  if (us === 0) return "0 µs";
   if (a >= 1e6) return (us / 1e6).toFixed(3) + " s";
   if (a >= 1e3) return (us / 1e3).toFixed(3) + " ms";
   if (a >= 1) return us.toFixed(2) + " µs";
