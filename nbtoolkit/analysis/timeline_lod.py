@@ -39,7 +39,9 @@ import numpy as np
 
 from nbtoolkit.errors import NbtUsageError
 
-__all__ = ["LaneIndex", "LaneView", "build_lane", "check_window"]
+__all__ = ["MIN_WINDOW_US", "LaneIndex", "LaneView", "build_lane", "check_window", "widen_window"]
+
+MIN_WINDOW_US = 1e-3  # the narrowest window a widget shows: 1 ns (traces resolve ns at best)
 
 _FANOUT = 8  # events per bin from one level to the next
 _MIN_LEVEL_ITEMS = 2048  # no coarser level once a level has this few bins
@@ -185,6 +187,19 @@ def check_window(t0: float, t1: float, width: int) -> None:
         raise NbtUsageError(f"timeline window must satisfy t0 < t1 (finite µs); got t0={t0}, t1={t1}")
     if not 1 <= width <= 20_000:
         raise NbtUsageError(f"timeline width must be 1..20000 pixels; got {width}")
+
+
+def widen_window(t0: float, t1: float, *, minimum: float = MIN_WINDOW_US) -> tuple[float, float]:
+    """``[t0, t1]`` (µs from an origin) widened about its centre to at least ``minimum`` µs.
+
+    A front end zooming in ends at the narrowest window; rounding may hand over one a hair
+    narrower, or ``t0 == t1``: that is clamped, not an error. Reversed or non-finite windows
+    are still errors (:func:`check_window`).
+    """
+    if np.isfinite(t0) and np.isfinite(t1) and t0 <= t1 < t0 + minimum:
+        centre = t0 / 2 + t1 / 2
+        t0, t1 = centre - minimum / 2, centre + minimum / 2
+    return float(t0), float(t1)
 
 
 def build_lane(

@@ -14,6 +14,11 @@ event, with a zero state before the first. Per request, the pixel edges are loca
 edge to the state at its right edge), so the max, min and the first index of the max are
 ``np.maximum/minimum.reduceat`` over them. The cost is linear in the events of the window
 (a few ms per million); the build is linear in all of them.
+
+Times are stored as µs from the first event (:attr:`MemoryIndex.origin`), never as epoch
+floats, so windows down to 1 ns keep distinct edges whatever the timeline's clock (see
+:mod:`nbtoolkit.analysis.timeline_lod_trace`); windows passed to :meth:`MemoryIndex.view` and
+:meth:`MemoryIndex.state_at` are relative too.
 """
 
 from __future__ import annotations
@@ -40,16 +45,19 @@ class MemoryView:
     max_total: np.ndarray  # int64, one per pixel
     min_total: np.ndarray  # int64
     at_max: np.ndarray  # float32 (width, len(categories))
-    max_time: np.ndarray  # float64 µs of the state holding the max (the window start if before)
+    max_time: np.ndarray  # float64 µs from the origin: the state holding the max (the window start if before)
 
 
 @dataclass
 class MemoryIndex:
-    times: np.ndarray  # float64 µs, per event (nondecreasing)
+    times: np.ndarray  # float64 µs from the origin, per event (nondecreasing)
     total: np.ndarray  # int64, state after event i at i + 1; state 0 = nothing allocated
     by_category: np.ndarray  # float32 (n + 1, len(categories))
     categories: tuple[str, ...]
     timeline: MemoryTimeline
+    origin: float = 0.0  # the timeline's time_us of its first event: time 0 here
+    events: pd.DataFrame | None = None  # the timeline's events in index order (state i + 1 = after row i)
+    untimed: int = 0  # events without a finite time (a damaged saved timeline): in no state
 
     @property
     def start(self) -> float:
@@ -60,7 +68,7 @@ class MemoryIndex:
         return float(self.times[-1]) if len(self.times) else 1.0
 
     def state_at(self, time_us: float) -> int:
-        """Index of the state in force at ``time_us`` (after every event at or before it)."""
+        """Index of the state in force at ``time_us`` (µs from the origin): after every event up to it."""
         return int(np.searchsorted(self.times, time_us, side="right"))
 
     def view(self, t0: float, t1: float, width: int) -> MemoryView:
@@ -94,10 +102,16 @@ def memory_index(timeline: MemoryTimeline) -> MemoryIndex:
     """Index ``timeline`` for level-of-detail views (see the module docstring)."""
     events = timeline.events
     times = events["time_us"].to_numpy(np.float64)
+    finite = np.isfinite(times)
+    untimed = int((~finite).sum())
+    if untimed:  # a damaged saved timeline: events without a time have no place on it
+        events, times = events[finite], times[finite]
     if len(times) > 1 and (np.diff(times) < 0).any():  # keep the event order of equal times
         order = np.argsort(times, kind="stable")
         events = events.iloc[order]
         times = times[order]
+    origin = float(times[0]) if len(times) else 0.0
+    times = times - origin
     delta = events["delta_bytes"].to_numpy(np.int64)
     # Category codes, not strings: comparing 1M object strings per category costs seconds.
     codes, names = pd.factorize(events["category"].astype("category").cat.codes.to_numpy())
@@ -111,5 +125,6 @@ def memory_index(timeline: MemoryTimeline) -> MemoryIndex:
             by_category[1:, j] = np.cumsum(np.where(codes == present[name], delta, 0))
     total = np.r_[np.int64(0), np.cumsum(delta)]
     return MemoryIndex(
-        times=times, total=total, by_category=by_category, categories=categories, timeline=timeline
+        times=times, total=total, by_category=by_category, categories=categories, timeline=timeline,
+        origin=origin, events=events.reset_index(drop=True), untimed=untimed,
     )

@@ -287,6 +287,10 @@ def build_timeline(
         model, optimizer, target=target, seen=seen_storage_ptrs, first_id=len(tensor_ids), owners=owners
     )
     frame = pd.DataFrame(baseline + rows, columns=list(EVENT_COLUMNS))
+    # Frames of this kernel's cells read as a traceback names them ("Cell In[9], line 1: make"),
+    # not as ipykernel's temporary files (only in a kernel; see capture.cell_names).
+    frame["source"] = frame["source"].map(_cell_names(frame["source"]))
+    stacks = list(map(_cell_names(stacks).__getitem__, stacks))
     # Recategorize rows and frees happen in whatever phase is current: carry the last one forward.
     phase = frame["phase"].replace("", pd.NA).ffill().fillna("other")
     frame["phase"] = phase.astype(str).to_numpy()
@@ -299,6 +303,12 @@ def build_timeline(
         notes=notes,
         category_method="torch.profiler",
     )
+
+
+def _cell_names(texts: Any) -> dict[str, str]:
+    from nbtoolkit.capture.cell_names import name_cells
+
+    return {text: name_cells(text) for text in set(texts)}
 
 
 def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:

@@ -91,7 +91,7 @@ def trace_overview_svg(index: TraceTimelineIndex) -> str:
         parts.append(f"<text x='2' y='{y + 10}'>{escape(lane.label[:32])}</text>")
         if not len(lane.index):
             continue
-        view = lane.index.view(index.origin, index.end, _SVG_WIDTH)
+        view = lane.index.view(0.0, index.duration, _SVG_WIDTH)
         kinds = index.kinds[lane.rank][view.agg_row]
         for kind in np.unique(kinds):
             px = view.agg_px[kinds == kind] + label_w

@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = "<script>window.__pwned = 1</script>"
 BOLD = "<b>bold</b>"
 TRACE_ARGS = "300_000, ranks=2, streams=2, special=(SCRIPT, BOLD)"
+LANE_HEIGHT = 22  # widgets/timeline.js
 CELLS = [
     (
         "import nbtoolkit as nbt\n"
@@ -144,19 +145,20 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             # ---- hover: names shown as text, never as elements or script
             trace_root = roots.nth(1)
             trace_root.scroll_into_view_if_needed()
-            canvas = trace_root.locator("canvas")
+            canvas = trace_root.locator("canvas.nbt-tl-canvas")
             box = canvas.bounding_box()
             assert box is not None
-            x_script = _hover_until(page, box, 11, fractions[SCRIPT], SCRIPT)
+            lane_y = LANE_HEIGHT * 1.5  # lane 0: below rank 0's header (two ranks: foldable)
+            x_script = _hover_until(page, box, lane_y, fractions[SCRIPT], SCRIPT)
             tip = trace_root.locator(".nbt-tl-tip")
             assert tip.locator("span script, span b").count() == 0
             assert "&lt;script&gt;" in tip.inner_html()
-            _hover_until(page, box, 11, fractions[BOLD], BOLD)
+            _hover_until(page, box, lane_y, fractions[BOLD], BOLD)
             assert tip.locator("span b").count() == 0
             assert page.evaluate("() => window.__pwned") is None
 
             # ---- click: the kernel's selection comes back
-            page.mouse.click(x_script, box["y"] + 11)
+            page.mouse.click(x_script, box["y"] + lane_y)
             selection = trace_root.locator(".nbt-tl-selection")
             selection.filter(has_text=SCRIPT).wait_for(timeout=30_000)
             assert selection.locator("script").count() == 0
@@ -189,7 +191,7 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             # ---- the 1M-event memory timeline: frame times while zooming and panning
             memory_root = roots.nth(2)
             memory_root.scroll_into_view_if_needed()
-            mbox = memory_root.locator("canvas").bounding_box()
+            mbox = memory_root.locator("canvas.nbt-tl-canvas").bounding_box()
             assert mbox is not None
             page.mouse.move(mbox["x"] + mbox["width"] * 0.4, mbox["y"] + 100)
             page.evaluate(FRAME_RECORDER)
@@ -204,6 +206,18 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
             page.wait_for_timeout(1000)
             frames = page.evaluate("() => { window.__recording = false; return window.__frames; }")
             memory = _stats(page, 2)
+            # Hover the bottom of the stacked area: the tooltip, every category row of it, stays
+            # inside the widget (it used to run off the bottom, its category rows hidden).
+            mbox = memory_root.locator("canvas.nbt-tl-canvas").bounding_box()
+            assert mbox is not None
+            memory_tip = memory_root.locator(".nbt-tl-tip")
+            for fraction in np.linspace(0.3, 0.7, 20):
+                page.mouse.move(mbox["x"] + fraction * mbox["width"], mbox["y"] + mbox["height"] - 3)
+                page.wait_for_timeout(40)
+                if memory_tip.is_visible() and memory_tip.locator(".nbt-tl-tip-row").count() >= 5:
+                    break
+            tip_rows = memory_tip.locator(".nbt-tl-tip-row").count()
+            tip_box, memory_box = memory_tip.bounding_box(), memory_root.bounding_box()
             # Save as a person would (Ctrl+S): what the outputs of 1.3M events add to the file.
             page.keyboard.press("Control+s")
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
@@ -240,6 +254,10 @@ def test_timeline_widgets_render_zoom_hover_select_in_jupyterlab(tmp_path: Path)
     assert page_errors == [], f"JavaScript exceptions on the page: {page_errors}"
     assert real_console == [], f"JavaScript errors in the console: {real_console}"
     assert memory["views"] >= 3  # zooms and pans fetched new views of the 1M events
+    assert tip_rows >= 5 and tip_box is not None and memory_box is not None  # times, totals, categories
+    inner, outer = tip_box, memory_box
+    assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"]
+    assert outer["x"] <= inner["x"] and inner["x"] + inner["width"] <= outer["x"] + outer["width"]
     assert measured["bytes_per_view_max"] < 1_000_000 and measured["trace_bytes_per_view_max"] < 1_000_000
     assert outputs_bytes + widget_state_bytes < 1_000_000  # the notebook grows by less than 1 MB
     assert any("nbt-timeline-static" in json.dumps(c.get("outputs", [])) for c in saved.cells)

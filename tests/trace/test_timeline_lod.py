@@ -112,7 +112,7 @@ def test_memory_view_keeps_every_peak() -> None:
     assert (view.min_total <= view.max_total).all()
     # brute force on one zoomed window: per pixel the max of the states it covers
     t0, t1 = np.quantile(events["time_us"], [0.2, 0.21])
-    view = index.view(t0, t1, 40)
+    view = index.view(t0 - index.origin, t1 - index.origin, 40)  # windows are µs from the first event
     edges = np.linspace(t0, t1, 41)
     times = events["time_us"].to_numpy()
     for k in range(40):
@@ -139,3 +139,23 @@ def test_zoom_round_trip_on_ten_million_events_is_fast() -> None:
         timings.append(min(runs))
         assert len(view.agg_px) <= 1500
     assert max(timings) < 0.05, f"views took {[round(t * 1e3, 1) for t in timings]} ms"
+
+
+def test_windows_narrower_than_a_nanosecond_widen_about_their_centre() -> None:
+    from nbtoolkit.analysis.timeline_lod import MIN_WINDOW_US, check_window, widen_window
+
+    assert widen_window(10.0, 10.0) == pytest.approx((10.0 - 5e-4, 10.0 + 5e-4))
+    assert widen_window(10.0, 10.0002) == pytest.approx((10.0001 - 5e-4, 10.0001 + 5e-4))
+    assert widen_window(1.0, 2.0) == (1.0, 2.0)  # wide enough: unchanged
+    assert widen_window(2.0, 1.0) == (2.0, 1.0)  # reversed and non-finite: left for check_window
+    assert np.isnan(widen_window(float("nan"), 1.0)[0])
+    t0, t1 = widen_window(20_850.0, 20_850.0)  # relative µs: a 1 ns window stays 1 ns
+    check_window(t0, t1, 1200)
+    assert t1 - t0 == pytest.approx(MIN_WINDOW_US, rel=1e-6)
+    lane = build_lane(np.array([20_849.9995, 20_850.0004]), np.array([0.0002, 0.0]))
+    view = lane.view(t0, t1, 1000)  # pixels of 1 ps: both events, each in its own pixel
+    assert sorted(view.agg_px.tolist()) == [0, 900]
+    # An epoch origin added back collapses the same window: why the indexes store offsets.
+    origin = 1_694_128_201_421_221.0
+    with pytest.raises(NbtUsageError, match="t0 < t1"):
+        check_window(t0 + origin, t1 + origin, 1200)

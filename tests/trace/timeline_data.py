@@ -101,3 +101,67 @@ def synthetic_memory_events(n: int, *, seed: int = 0) -> pd.DataFrame:
             "stack_id": -1,
         }
     )
+
+
+EPOCH_ORIGIN_US = 1_694_128_201_421_221  # the 8-rank DLRM set's first event: Kineto's epoch µs
+
+
+def write_epoch_traces(
+    folder: object,
+    *,
+    ranks: int = 8,
+    streams: int = 5,
+    per_lane: int = 400,
+    origin_us: int = EPOCH_ORIGIN_US,
+    seed: int = 0,
+    special: tuple[str, ...] = (),
+) -> list[object]:
+    """Write one Kineto JSON file per rank whose timestamps are epoch µs, as the profiler writes them.
+
+    Per rank: a ``ProfilerStep#10`` annotation over the whole rank, ``per_lane`` host operators
+    on one thread and ``per_lane`` kernels on each of ``streams`` streams, a zero-duration
+    instant on the host and one long host operator (``long_host_op``, 40 % of the span) so a
+    test knows where something covers the middle of every rank. Each ``special`` name is given
+    to one kernel of rank 0. Returns the files written.
+    """
+    import json
+    from pathlib import Path
+
+    rng = np.random.default_rng(seed)
+    out = Path(str(folder))
+    out.mkdir(parents=True, exist_ok=True)
+    span = 20_000  # µs, like the DLRM step
+    files = []
+    for rank in range(ranks):
+        pid, tid = 1000 + rank, 2000 + rank
+        events: list[dict[str, object]] = [
+            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#10", "pid": pid, "tid": tid,
+             "ts": origin_us + rank, "dur": span - rank},
+            {"ph": "X", "cat": "cpu_op", "name": "long_host_op", "pid": pid, "tid": tid,
+             "ts": origin_us + span * 3 // 10, "dur": span * 4 // 10},
+            {"ph": "X", "cat": "cpu_op", "name": "instant_op", "pid": pid, "tid": tid,
+             "ts": origin_us + span // 2, "dur": 0},
+        ]  # fmt: skip
+        starts = np.sort(rng.integers(1, span - 50, per_lane))
+        for i, ts in enumerate(starts.tolist()):
+            events.append({"ph": "X", "cat": "cpu_op", "name": HOST_NAMES[i % len(HOST_NAMES)], "pid": pid,
+                           "tid": tid, "ts": origin_us + ts, "dur": int(rng.integers(1, 40))})  # fmt: skip
+        for s in range(streams):
+            starts = np.sort(rng.integers(1, span - 50, per_lane))
+            for i, ts in enumerate(starts.tolist()):
+                name = KERNEL_NAMES[i % len(KERNEL_NAMES)]
+                if rank == 0 and s == 0 and i < len(special):
+                    name = special[i]
+                args = {"device": 0, "stream": 7 + s, "correlation": 10_000 * s + i}
+                dur = float(rng.integers(1, 200)) / 4
+                events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7 + s,
+                               "ts": origin_us + ts, "dur": dur, "args": args})  # fmt: skip
+        document = {
+            "schemaVersion": 1,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": ranks},
+            "traceEvents": events,
+        }
+        path = out / f"rank{rank}.{origin_us // 1000}.pt.trace.json"
+        path.write_text(json.dumps(document))
+        files.append(path)
+    return files
