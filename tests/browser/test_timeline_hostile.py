@@ -79,7 +79,10 @@ CELLS = [
     "w_xss = nbt.timeline_widget(kineto('xss', [ev(XSS, O, 50), ev(LONG, O + 60, 40)]))\nw_xss",
     "w_one = nbt.timeline_widget(kineto('one', [ev('only', O, 5)]))\nw_one",
     "w_instant = nbt.timeline_widget(kineto('instant', [ev('instant', O, 0)]))\nw_instant",
-    "w_saved = nbt.timeline_widget(nbt.Trace.load('saved_nan'))\nw_saved",
+    (  # a saved Trace with such times is refused at load (nbt.Trace.load); in memory it is drawn
+        "try:\n    nbt.Trace.load('saved_nan')\nexcept nbt.NbtError as exc:\n    print('LOAD REFUSED', exc)\n"
+        "w_saved = nbt.timeline_widget(saved)\nw_saved"
+    ),
     "w_tiny = nbt.timeline_widget(nbt.load_trace('tiny'))\nw_tiny",
     "w_empty = nbt.timeline_widget(empty)\nw_empty",
     "mw_one = nbt.memory_widget(nbt.MemoryTimeline(events=synthetic_memory_events(2).iloc[:1]))\nmw_one",
@@ -253,6 +256,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
             seen["memory_selection"] = _stats(page, MEMORY_MAGIC)["selection"]
             source = page.locator(".jp-OutputArea-output").filter(has_text=re.compile(r"^SOURCE \[")).first
             seen["source_cell"] = source.text_content()
+            refused = page.locator(".jp-OutputArea-output").filter(has_text=re.compile(r"^LOAD REFUSED "))
+            seen["load_refused"] = refused.first.text_content()
             report = page.locator(".jp-OutputArea-output").filter(has_text="Largest allocations alive")
             seen["memory_report"] = report.first.text_content()
 
@@ -287,6 +292,8 @@ def test_hostile_and_careless_inputs_in_jupyterlab(tmp_path: Path) -> None:
     for n, state in enumerate(seen["final"]):
         assert state["views"] >= 1 and state["errors"] == [] and "kernel:" not in state["status"], (n, state)
         assert len(state["ticks"]) == len(set(state["ticks"])), (n, state["ticks"])
+    # a saved Trace whose times are NaN/inf is refused at load, naming the damage (drawn from memory)
+    assert "infinite or negative time or duration" in seen["load_refused"]
     # 1: HTML as text only
     assert XSS in seen["xss_tip"] and seen["pwned"] is None and seen["xss_elements"] == 0
     assert XSS in seen["first"][XSS_]["title"] or "2 events" in seen["first"][XSS_]["title"]
