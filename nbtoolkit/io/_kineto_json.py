@@ -16,8 +16,8 @@ which either reads it or names the exact problem in a TraceError.
 from __future__ import annotations
 
 import math
-import queue
-import threading
+import re
+from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from itertools import compress
@@ -28,11 +28,25 @@ from typing import Any, BinaryIO, Protocol, Union
 import msgspec
 
 from nbtoolkit.errors import TraceError
-from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular, read_all, read_chunks
+from nbtoolkit.io.bounded import (
+    LIMITS,
+    CorruptGzip,
+    inflate,
+    json_depth,
+    limit,
+    limit_hint,
+    max_read_bytes,
+    open_regular,
+    read_ahead,
+    read_all,
+    read_chunks,
+    too_deep,
+)
 from nbtoolkit.units import format_bytes
 
 __all__ = [
     "CHUNK_BYTES",
+    "KNOWN_PHASES",
     "Document",
     "NotATrace",
     "StreamingFallback",
@@ -40,6 +54,7 @@ __all__ = [
     "read_bytes",
     "split_phases",
     "stream_file",
+    "unknown_phases",
 ]
 
 
@@ -104,9 +119,10 @@ class _MEvent(msgspec.Struct, tag_field="ph", tag="M", gc=False):
 
 
 # Every other phase of the Chrome trace format: decoded to an empty struct (all fields skipped).
+_OTHER_PHASES = "BEiICbnestfPONDRcSTpFvV()a"  # each phase is one character
 _SKIPPED_PHASES = tuple(
     msgspec.defstruct(f"_Skip{i}", [], tag_field="ph", tag=phase, gc=False)
-    for i, phase in enumerate("BEiICbnestfPONDRcSTpFvV()a")  # each phase is one character
+    for i, phase in enumerate(_OTHER_PHASES)
 )
 # A union built at run time (py3.10 has no star-unpacking in subscripts); a plain value for mypy.
 _TaggedEvent: Any = Union.__getitem__((_XEvent, _MEvent, *_SKIPPED_PHASES))
@@ -128,6 +144,21 @@ _DECODER = msgspec.json.Decoder(Document | list[_Event])
 # makes it fail, and the file is then decoded by the permissive _DECODER.
 _EVENTS_DECODER = msgspec.json.Decoder(list[_TaggedEvent])
 _META_DECODER = msgspec.json.Decoder(Document)
+_LIST_DECODER = msgspec.json.Decoder(list[_Event])  # a chunk with a phase the tagged union lacks
+
+
+class _TailDocument(msgspec.Struct):
+    """The document's end as the streaming reader decodes it: the last events, lean, and the fields."""
+
+    traceEvents: list[_TaggedEvent] | None = None
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+
+
+_TAIL_DECODER = msgspec.json.Decoder(_TailDocument)
 CHUNK_BYTES = 4 << 20  # decompressed JSON decoded at a time: bounds the memory of the Python structs
 
 _PH = attrgetter("ph")
@@ -145,6 +176,21 @@ def split_phases(events: list[Any]) -> tuple[list[Any], list[Any]]:
         return list(compress(events, map(_IS_X, phases))), list(compress(events, map(_IS_M, phases)))
     types = list(map(type, events))
     return list(compress(events, map(_IS_XEVENT, types))), list(compress(events, map(_IS_MEVENT, types)))
+
+
+#: Every phase of the Chrome trace format; events of other phases are skipped and noted.
+KNOWN_PHASES = frozenset("XM" + _OTHER_PHASES)
+
+
+def unknown_phases(events: list[Any]) -> dict[str, int]:
+    """Count of each phase outside the Chrome trace format in a chunk ("" for a missing ``ph``).
+
+    Only the permissive decoder's ``_Event`` structs can have one: the streaming decoder's
+    tagged union fails on an unknown phase, and the chunk is then decoded permissively.
+    """
+    if not events or type(events[0]) is not _Event:
+        return {}
+    return {p: n for p, n in Counter(map(_PH, events)).items() if p not in KNOWN_PHASES}
 
 
 class EventSink(Protocol):
@@ -179,7 +225,10 @@ def decode_document(file: Path, data: bytes) -> Document:
     if not data.strip():
         raise TraceError(_only_whitespace(file, len(data)))
     try:
-        doc = _DECODER.decode(data)
+        with json_depth():
+            doc = _DECODER.decode(data)
+    except RecursionError:
+        raise too_deep(file, TraceError, "trace's JSON") from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         if "traceEvents" not in text and "$[" not in text:
@@ -203,6 +252,9 @@ def decode_document(file: Path, data: bytes) -> Document:
         return Document(traceEvents=doc, schemaVersion="chrome-array")
     if doc.traceEvents is None:
         raise NotATrace("not a profiler trace: the JSON has no 'traceEvents' list")
+    if data.count(_KEY) > 1:
+        with json_depth():
+            _refuse_duplicate_events(file, data)
     return doc
 
 
@@ -228,7 +280,7 @@ def _pieces(file: Path) -> Iterator[bytes]:
     fh.seek(0)
     if gzipped:
         # The limit is read here: the call's max_bytes= lives in this thread's context.
-        return _in_background(_inflate(fh, file, max_read_bytes()))
+        return read_ahead(_inflate(fh, file, max_read_bytes()))
     if file.name.endswith(".gz"):
         fh.close()
         raise StreamingFallback
@@ -248,148 +300,217 @@ def _inflate(fh: BinaryIO, file: Path, limit: int) -> Iterator[bytes]:
             raise StreamingFallback from None  # the whole-file read words the exact problem
 
 
-_DONE = object()
-
-
-def _in_background(source: Iterator[bytes]) -> Iterator[bytes]:
-    """Run ``source`` in a thread, a few items ahead of the consumer; its exceptions are re-raised here."""
-    items: queue.Queue[object] = queue.Queue(maxsize=3)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for piece in source:
-                if not put(piece):
-                    return
-            put(_DONE)
-        except BaseException as exc:
-            put(exc)
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    def consume() -> Iterator[bytes]:
-        thread = threading.Thread(target=produce, name="nbt-trace-inflate", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = items.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, bytes)
-                yield item
-        finally:
-            stop.set()
-            thread.join()
-
-    return consume()
-
-
 _WS = b" \t\r\n"
+# "},{" between two events, read backwards (the last boundary of a buffer is the first match of
+# its reversed bytes): one regex search in C, linear in the bytes searched whatever they hold.
+_SPLIT_REVERSED = re.compile(rb"\{[ \t\r\n]*,[ \t\r\n]*\}")
+# A boundary straddling the end of what was searched before is found again from this far back
+# (a boundary with more whitespace than this across that end is missed: the next one is used).
+_SPLIT_OVERLAP = 4096
+_KEY = b'"traceEvents"'
 
 
-def _event_split(buf: bytes | bytearray) -> int:
-    """Index of a ``{`` that starts an event at top level of the events array (``},{``), or -1."""
-    pos = len(buf)
-    while True:
-        pos = buf.rfind(b"{", 0, pos)
-        if pos <= 0:
-            return -1
-        j = pos - 1
-        while j >= 0 and buf[j] in _WS:
-            j -= 1
-        if j > 0 and buf[j] == 0x2C:  # ","
-            j -= 1
-            while j >= 0 and buf[j] in _WS:
-                j -= 1
-            if j >= 0 and buf[j] == 0x7D:  # "}"
-                return pos
+def _event_split(buf: bytes | bytearray, start: int = 0) -> int:
+    """Index of the last ``{`` of ``buf[start:]`` that follows ``},`` (an event boundary), or -1.
+
+    Linear in ``len(buf) - start``: the region is reversed once and searched by one regex, so a
+    buffer of millions of ``{`` (an event name of braces) costs one pass, not one Python step each.
+    """
+    region = buf[start:][::-1]
+    match = _SPLIT_REVERSED.search(region)
+    if match is None:
+        return -1
+    return start + len(region) - 1 - match.start()
+
+
+def _no_boundary(file: Path, size: int, limit_bytes: int, *, header: bool) -> TraceError:
+    where = (
+        "before its 'traceEvents' list"
+        if header
+        else "without an event boundary (one event, or the space between two events, is that long)"
+    )
+    return TraceError(
+        f"{file}: read {format_bytes(size)} of JSON {where}, over {limit_hint('event_bytes', limit_bytes)}; "
+        "real events are a few KB, so the file is damaged or a decompression bomb"
+    )
+
+
+def _absolute(message: str, first_event: int) -> str:
+    """msgspec's ``$[i]`` of a chunk as the event's index in the file's event list."""
+    return re.sub(r"\$\[(\d+)\]", lambda m: f"$.traceEvents[{first_event + int(m.group(1))}]", message)
+
+
+def _decode_chunk(
+    chunk: memoryview | bytes | bytearray, file: Path, first_event: int, *, array_doc: bool
+) -> list[Any]:
+    """A chunk of events: lean tagged structs, else (an unknown phase) the permissive structs.
+
+    A value of the wrong type is a TraceError naming the event's index in the file (a chunk is
+    whole events, so such an error is the file's); a syntax error is StreamingFallback (the
+    split may have been inside a string: the whole-file decode says which).
+    """
+    try:
+        return _EVENTS_DECODER.decode(chunk)
+    except msgspec.ValidationError:
+        pass  # an unknown or missing "ph": the permissive decoder takes any phase
+    try:
+        return _LIST_DECODER.decode(chunk)
+    except msgspec.ValidationError as exc:
+        if array_doc and first_event == 0:
+            raise StreamingFallback from None  # a top-level list that may be no trace at all
+        raise TraceError(
+            f"{file}: an event has a value of the wrong type ({_absolute(str(exc), first_event)})"
+        ) from None
 
 
 def stream_file(file: Path, columns: EventSink) -> Document:
     """Decode the events chunk by chunk into ``columns``; return the document's other fields.
 
-    Any surprise (no ``traceEvents`` key, a chunk that is not a list of events, a truncated
-    stream) raises StreamingFallback, and the file is decoded whole, which names the exact problem.
+    Linear in the file: each byte is searched for an event boundary once (plus a short overlap)
+    and decoded once. Memory holds one chunk, or one event when an event is longer than a chunk,
+    up to ``NBT_MAX_EVENT_BYTES`` (a TraceError past it). Any other surprise (no ``traceEvents``
+    key, a chunk that does not parse, a truncated stream) raises StreamingFallback, and the file
+    is decoded whole, which names the exact problem.
     """
+    with json_depth():
+        try:
+            return _stream(file, columns, limit("event_bytes"))
+        except RecursionError:
+            raise too_deep(file, TraceError, "trace's JSON") from None
+
+
+def _stream(file: Path, columns: EventSink, max_event: int) -> Document:
     pieces = _pieces(file)
-    buf = b""
-    header = b""
+    data = bytearray()
     seen = 0
+    searched = 0  # data[:searched] holds no "traceEvents" key
+    header: bytes | None = None  # the document before "traceEvents"; None: a top-level list
     for piece in pieces:
         seen += len(piece)
         # Leading whitespace is dropped as it comes, so a file of nothing else costs no memory.
-        buf = (buf + piece) if buf else piece.lstrip(_WS)
-        key = buf.find(b'"traceEvents"')
+        data += piece if data else piece.lstrip(_WS)
+        if data[:1] == b"[":  # a top-level list of events (the "chrome-array" form)
+            break
+        key = data.find(_KEY, max(0, searched - len(_KEY)))
         if key < 0:
-            if len(buf) > 64 * CHUNK_BYTES:
-                raise StreamingFallback
+            searched = len(data)
+            if len(data) > max_event:
+                raise NotATrace(
+                    f"no 'traceEvents' key in its first {format_bytes(len(data))} "
+                    f"({LIMITS['event_bytes'].env} bounds how far it is looked for)"
+                )
             continue
-        j = key + len(b'"traceEvents"')
-        while j < len(buf) and buf[j] in _WS:
+        j = key + len(_KEY)
+        while j < len(data) and data[j] in _WS:
             j += 1
-        if j < len(buf) and buf[j] == 0x3A:  # ":"
+        if j < len(data) and data[j] == 0x3A:  # ":"
             j += 1
-            while j < len(buf) and buf[j] in _WS:
+            while j < len(data) and data[j] in _WS:
                 j += 1
-        if j >= len(buf) - 1:
+        if j >= len(data) - 1:
+            if len(data) > max_event:
+                raise _no_boundary(file, len(data), max_event, header=True)
             continue  # need more bytes to see the "["
-        if buf[j] != 0x5B:  # "["
+        if data[j] != 0x5B:  # "["
             raise StreamingFallback
-        header, buf = buf[:key], buf[j:]  # buf starts with the array's "["
+        header = bytes(data[:key])
+        del data[:j]  # data starts with the array's "["
         break
     else:
-        if seen and not buf:
+        if seen and not data:
             raise TraceError(_only_whitespace(file, seen))
         raise StreamingFallback
     # A bytearray so that chunks are decoded in place: the "," after a chunk's last event is
     # turned into "]" for the decode, then into the next chunk's "[" (no copies of the JSON).
-    data = bytearray(buf)
-    del buf
-    try:
-        for piece in pieces:
-            data += piece
-            if len(data) < CHUNK_BYTES:
-                continue
-            split = _event_split(data)
-            if split < 0:
-                continue
+    events = 0  # events decoded so far (for the index in error messages)
+    searched = 0  # data[:searched] was searched for an event boundary and holds none
+
+    def cut() -> None:
+        """Decode the events before the last boundary of ``data`` (if any); past the limit, an error."""
+        nonlocal events, searched
+        split = _event_split(data, max(0, searched - _SPLIT_OVERLAP))
+        if split >= 0:
             close = data.rindex(b",", 0, split)
             data[close] = 0x5D  # "]"
             with memoryview(data) as view, view[: close + 1] as chunk:
-                columns.add(_EVENTS_DECODER.decode(chunk))
+                decoded = _decode_chunk(chunk, file, events, array_doc=header is None)
+            events += len(decoded)
+            columns.add(decoded)
+            del decoded
             data[close] = 0x5B  # "["
             del data[:close]
-        # The rest: the last events, "]" and the document's trailing fields. The array's "]" is
-        # found from the right (the trailer is short): the first candidate whose trailer decodes.
-        end = len(data)
-        while True:
-            end = data.rfind(b"]", 0, end)
-            if end < 0:
-                raise StreamingFallback
-            j = end - 1
-            while j >= 0 and data[j] in _WS:
-                j -= 1
-            if j > 0 and data[j] != 0x7D:  # "}": the array ends after an event (or is empty)
-                continue
-            try:
-                doc = _META_DECODER.decode(header + b'"traceEvents": []' + bytes(data[end + 1 :]))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            with memoryview(data) as view, view[: end + 1] as chunk:
-                columns.add(_EVENTS_DECODER.decode(chunk))
-            return doc
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        searched = len(data)  # the boundary found was the last one, or there was none
+        if len(data) > max_event:
+            raise _no_boundary(file, len(data), max_event, header=False)
+
+    try:
+        for piece in pieces:
+            data += piece
+            if len(data) >= min(CHUNK_BYTES, max_event):
+                cut()
+        if len(data) > max_event:
+            cut()  # the last events and the document's end must be within the limit too
+        return _decode_tail(file, header, data, columns, events)
+    except (msgspec.DecodeError, UnicodeDecodeError):
         raise StreamingFallback from None
+
+
+def _decode_tail(
+    file: Path, header: bytes | None, data: bytearray, columns: EventSink, events: int
+) -> Document:
+    """The last events, the array's ``]`` and the document's trailing fields, in one decode."""
+    if header is None:
+        decoded = _decode_chunk(data, file, events, array_doc=True)
+        columns.add(decoded)
+        return Document(schemaVersion="chrome-array")
+    text = header + _KEY + b":" + data
+    del data[:]
+    tail: _TailDocument | Document
+    try:
+        tail = _TAIL_DECODER.decode(text)
+    except msgspec.ValidationError:
+        try:  # an unknown phase among the last events, or a document field of another type
+            tail = _META_DECODER.decode(text)
+        except msgspec.ValidationError as exc:
+            raise TraceError(
+                f"{file}: an event has a value of the wrong type ({_absolute(str(exc), events)})"
+            ) from None
+    if text.count(_KEY) > 1:
+        _refuse_duplicate_events(file, text)
+    columns.add(tail.traceEvents or [])
+    return Document(
+        schemaVersion=tail.schemaVersion,
+        distributedInfo=tail.distributedInfo,
+        deviceProperties=tail.deviceProperties,
+        baseTimeNanoseconds=tail.baseTimeNanoseconds,
+        displayTimeUnit=tail.displayTimeUnit,
+    )
+
+
+def _refuse_duplicate_events(file: Path, text: bytes) -> None:
+    """A TraceError when the document has several top-level ``traceEvents`` keys.
+
+    JSON decoders keep the last value of a repeated key, so the events of every earlier
+    ``traceEvents`` list would be dropped without a word. Python's json reports every key of
+    an object (``object_pairs_hook``); each nested object becomes None, so this takes little
+    memory, and it runs only when the key's text occurs more than once.
+    """
+    import json
+
+    top: list[str] = []
+
+    def keys(pairs: list[tuple[str, Any]]) -> None:
+        nonlocal top
+        top = [k for k, _ in pairs]  # the top-level object is the last one to close
+
+    try:
+        json.loads(text, object_pairs_hook=keys)
+    except ValueError:
+        return  # the decoder that read the file already said what is wrong
+    count = top.count("traceEvents")
+    if count > 1:
+        raise TraceError(
+            f"{file}: the document has {count} 'traceEvents' lists; JSON readers keep only the last "
+            "and would drop the events of the others without a word. The file was edited or two "
+            "traces were joined: keep one list (or merge their events into one list)"
+        )

@@ -204,6 +204,9 @@ def _load_file(file: Path) -> _RankFile:
         columns.add(events)
         del events
     rank_info = read_rank_info(file, doc)
+    skipped = columns.unknown_phase_note()
+    if skipped:
+        rank_info.notes.append(skipped)
     if not columns.rows:
         raise TraceError(
             f"{file}: the trace has no events (no complete 'X' events); the profiler recorded nothing"
