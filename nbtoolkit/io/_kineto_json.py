@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Protocol, Union
 import msgspec
 
 from nbtoolkit.errors import TraceError
+from nbtoolkit.io._kineto_wording import BOM, malformed, refuse_duplicate_events
 from nbtoolkit.io.bounded import (
     LIMITS,
     CorruptGzip,
@@ -224,6 +225,8 @@ def decode_document(file: Path, data: bytes) -> Document:
         raise TraceError(f"{file}: the file is empty; the profiler did not finish writing it")
     if not data.strip():
         raise TraceError(_only_whitespace(file, len(data)))
+    if data.startswith(BOM):
+        data = data[len(BOM) :]
     try:
         with json_depth():
             doc = _DECODER.decode(data)
@@ -247,14 +250,14 @@ def decode_document(file: Path, data: bytes) -> Document:
             raise TraceError(
                 f"{file}: the JSON is truncated ({text}); the profiler did not finish writing it"
             ) from None
-        raise TraceError(f"{file}: the JSON is malformed ({text})") from None
+        raise malformed(file, data, text) from None
     if isinstance(doc, list):
         return Document(traceEvents=doc, schemaVersion="chrome-array")
     if doc.traceEvents is None:
         raise NotATrace("not a profiler trace: the JSON has no 'traceEvents' list")
     if data.count(_KEY) > 1:
         with json_depth():
-            _refuse_duplicate_events(file, data)
+            refuse_duplicate_events(file, data)
     return doc
 
 
@@ -387,8 +390,10 @@ def _stream(file: Path, columns: EventSink, max_event: int) -> Document:
     header: bytes | None = None  # the document before "traceEvents"; None: a top-level list
     for piece in pieces:
         seen += len(piece)
+        # A UTF-8 byte order mark, which JSON readers may skip, is skipped.
+        start = len(BOM) if seen == len(piece) and piece.startswith(BOM) else 0
         # Leading whitespace is dropped as it comes, so a file of nothing else costs no memory.
-        data += piece if data else piece.lstrip(_WS)
+        data += piece[start:] if data else piece[start:].lstrip(_WS)
         if data[:1] == b"[":  # a top-level list of events (the "chrome-array" form)
             break
         key = data.find(_KEY, max(0, searched - len(_KEY)))
@@ -476,7 +481,7 @@ def _decode_tail(
                 f"{file}: an event has a value of the wrong type ({_absolute(str(exc), events)})"
             ) from None
     if text.count(_KEY) > 1:
-        _refuse_duplicate_events(file, text)
+        refuse_duplicate_events(file, text)
     columns.add(tail.traceEvents or [])
     return Document(
         schemaVersion=tail.schemaVersion,
@@ -485,32 +490,3 @@ def _decode_tail(
         baseTimeNanoseconds=tail.baseTimeNanoseconds,
         displayTimeUnit=tail.displayTimeUnit,
     )
-
-
-def _refuse_duplicate_events(file: Path, text: bytes) -> None:
-    """A TraceError when the document has several top-level ``traceEvents`` keys.
-
-    JSON decoders keep the last value of a repeated key, so the events of every earlier
-    ``traceEvents`` list would be dropped without a word. Python's json reports every key of
-    an object (``object_pairs_hook``); each nested object becomes None, so this takes little
-    memory, and it runs only when the key's text occurs more than once.
-    """
-    import json
-
-    top: list[str] = []
-
-    def keys(pairs: list[tuple[str, Any]]) -> None:
-        nonlocal top
-        top = [k for k, _ in pairs]  # the top-level object is the last one to close
-
-    try:
-        json.loads(text, object_pairs_hook=keys)
-    except ValueError:
-        return  # the decoder that read the file already said what is wrong
-    count = top.count("traceEvents")
-    if count > 1:
-        raise TraceError(
-            f"{file}: the document has {count} 'traceEvents' lists; JSON readers keep only the last "
-            "and would drop the events of the others without a word. The file was edited or two "
-            "traces were joined: keep one list (or merge their events into one list)"
-        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 import zlib
 from pathlib import Path
@@ -320,4 +321,32 @@ def test_a_gzip_padded_with_zeros_is_read_as_gzip_reads_it(tmp_path):
     assert len(nbt.load_trace(path).events[0]) == 2
     path.write_bytes(gzip.compress(text) + b"\0" * 10 + b"garbage")  # not padding: still refused
     with pytest.raises(TraceError, match="truncated or corrupt"):
+        nbt.load_trace(path)
+
+
+# ------------------------------------------------------------------ encodings and literals
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
+    path = tmp_path / "rank0.json"
+    path.write_bytes(b"\xef\xbb\xbf" + _doc([_event()]))
+    assert len(nbt.load_trace(path).events[0]) == 1
+    gz = tmp_path / "rank1.json.gz"
+    gz.write_bytes(gzip.compress(b"\xef\xbb\xbf" + _doc([_event()])))
+    assert len(nbt.load_trace(gz).events[1]) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (_doc([_event()]).decode().encode("utf-16"), "UTF-16 (or UTF-32) text"),
+        (_doc([_event()]).decode().encode("utf-16-le"), "UTF-16 (or UTF-32) text"),
+        (gzip.compress(_doc([_event()])), "gzip-compressed twice"),
+        (_doc([_event()]).replace(b'"ts": 10', b'"ts": NaN'), "literal NaN near byte"),
+        (_doc([_event()]).replace(b'"dur": 5', b'"dur": -Infinity'), "literal -Infinity near byte"),
+    ],
+    ids=["utf-16", "utf-16-le", "gzip-twice", "NaN", "-Infinity"],
+)
+def test_malformed_json_says_why(tmp_path, data, expected):
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(data))
+    with pytest.raises(TraceError, match=re.escape(expected)):
         nbt.load_trace(path)
