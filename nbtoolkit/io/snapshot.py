@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
-from nbtoolkit.io.bounded import read_all, read_limit
+from nbtoolkit.io.bounded import limit, limit_hint, read_all, read_limit
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
@@ -122,26 +122,43 @@ def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
     def length(value: Any) -> int:
         return len(value) if isinstance(value, (list, tuple)) else 0
 
+    stacks: dict[int, int] = {}  # id of each distinct frames list -> its length
+
+    def frames_of(entries: Any) -> None:
+        if rows + len(stacks) > limit or not isinstance(entries, (list, tuple)):
+            return
+        lists = [e.get("frames") for e in entries if type(e) is dict]
+        stacks.update((id(f), len(f)) for f in lists if type(f) is list and id(f) not in stacks)
+
     segments = snapshot.get("segments")
     rows += length(segments)
     for segment in segments if isinstance(segments, (list, tuple)) else []:
         if isinstance(segment, dict):
             rows += length(segment.get("blocks"))
+            frames_of(segment.get("blocks"))
         if rows > limit:
             break
     traces = snapshot.get("device_traces")
     for entries in traces if isinstance(traces, (list, tuple)) else []:
         rows += length(entries)
+        frames_of(entries)
         if rows > limit:
             break
     rows += length(snapshot.get("external_annotations"))
+    # Each distinct stack's frames are read (and formatted) once: they count once, not per reference.
+    rows += sum(stacks.values())
     if rows > limit:
         raise SnapshotError(
-            f"{source} stands for more than {limit:,} rows (segments, blocks and trace entries, "
-            "counting lists the pickle shares each time they are referenced); real snapshots are far "
-            "smaller, so it is likely a pickle bomb. If it is real, raise the budget with max_rows= "
-            f"or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
+            f"{source} stands for more than {limit:,} rows (segments, blocks, trace entries and the "
+            "frames of distinct stacks, counting lists the pickle shares each time they are "
+            "referenced); real snapshots are far smaller, so it is likely a pickle bomb. If it is real, "
+            f"raise the budget with max_rows= or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
         )
+
+
+def stack_text_budget() -> tuple[int, str]:
+    """The stack-text budget of :class:`~nbtoolkit.model.snapshot_stacks.StackInterner`, named."""
+    return limit("stack_text_bytes"), limit_hint("stack_text_bytes")
 
 
 def _looks_like_json(data: bytes) -> bool:
@@ -179,7 +196,12 @@ def _from_raw(
     snapshot = _as_snapshot_dict(raw, source)
     _count_rows(snapshot, source, _max_rows(max_rows))
     try:
-        return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
+        built = MemorySnapshot.from_dict(
+            snapshot, source=source, keep=keep, max_stack_text=stack_text_budget()
+        )
+        if in_memory:
+            built.source = ""
+        return built
     # RecursionError: a value nested thousands deep, which str() cannot print
     except (
         KeyError,

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from nbtoolkit.errors import SnapshotError
-from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular
+from nbtoolkit.io.bounded import CorruptGzip, inflate, limit, limit_hint, max_read_bytes, open_regular
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
 
@@ -193,8 +193,9 @@ class _Drain:
                 self._trace(self.trace_chunks[id(trace)], batch)
         if self.columns.rows_kept > self.max_rows:
             raise SnapshotError(
-                f"{self.source} stands for more than {self.max_rows:,} rows kept (segments, blocks and "
-                "trace entries); raise the budget with max_rows= or NBT_MAX_SNAPSHOT_ROWS, or keep fewer "
+                f"{self.source} stands for more than {self.max_rows:,} rows kept (segments, blocks, "
+                "trace entries and the frames of distinct stacks); raise the budget with max_rows= or "
+                "NBT_MAX_SNAPSHOT_ROWS, or keep fewer "
                 "rows with devices= / time_range_us="
             )
 
@@ -244,7 +245,9 @@ def stream_snapshot(
 
     if not hasattr(gc, "freeze") or gc.get_freeze_count() > 0:
         return None
-    columns = SnapshotColumns(keep)
+    columns = SnapshotColumns(
+        keep, source=str(path), max_stack_text=(limit("stack_text_bytes"), limit_hint("stack_text_bytes"))
+    )
     drain = _Drain(columns, str(path), max_rows)
     was_enabled = gc.isenabled()
     gc.disable()

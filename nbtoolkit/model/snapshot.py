@@ -118,13 +118,20 @@ class MemorySnapshot(Result):
     # -- construction ------------------------------------------------------------------
     @classmethod
     def from_dict(
-        cls, snapshot: dict[str, Any], *, source: str = "", keep: SnapshotFilter | None = None
+        cls,
+        snapshot: dict[str, Any],
+        *,
+        source: str = "",
+        keep: SnapshotFilter | None = None,
+        max_stack_text: tuple[int, str] | None = None,
     ) -> MemorySnapshot:
         """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely).
 
         ``keep``: devices and a time range to keep (see :mod:`nbtoolkit.model.snapshot_columns`).
+        ``max_stack_text``: (bytes, the limit's name) of stack text allowed (the readers pass
+        ``NBT_MAX_STACK_TEXT_BYTES``); None: no budget.
         """
-        columns = SnapshotColumns(keep)
+        columns = SnapshotColumns(keep, source=source, max_stack_text=max_stack_text)
         columns.add_segments(list(snapshot.get("segments") or []))
         for device, entries in enumerate(snapshot.get("device_traces") or []):
             columns.add_trace(device, list(entries or []))

@@ -49,6 +49,19 @@ _OMIT_FILES = (
     "cpython/abstract.h",
 )
 _MAX_STACK_LINES = 40
+# A frame's file and function are cut to this many characters: demangled C++ names run to a few
+# hundred; a snapshot whose stacks share one 1 MB name would otherwise repeat it in every stack's
+# text (2,000 stacks: 2 GB).
+_MAX_FRAME_TEXT = 512
+# Frames read per stack (the innermost first, as torch records them): real stacks, C++ and
+# Python mixed, have hundreds; a 10**7-frame list is damage (and counts against the row budget).
+MAX_STACK_FRAMES = 10_000
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_FRAME_TEXT:
+        return text
+    return f"{text[:_MAX_FRAME_TEXT]}...(+{len(text) - _MAX_FRAME_TEXT:,} characters)"
 
 
 def _short_path(filename: str) -> str:
@@ -62,8 +75,8 @@ _OMIT_FILES_RE = re.compile("|".join(map(re.escape, _OMIT_FILES)))
 
 def frame_info(frame: dict[str, Any]) -> tuple[bool, bool, str]:
     """(is a Python frame, is allocator/interpreter machinery, its ``file:line in name`` text)."""
-    filename = str(frame.get("filename", "?"))
-    name = str(frame.get("name", "?"))
+    filename = _clip(str(frame.get("filename", "?")))
+    name = _clip(str(frame.get("name", "?")))
     omitted = bool(_OMIT_FUNCTIONS_RE.search(name) or _OMIT_FILES_RE.search(filename))
     return filename.endswith(".py"), omitted, f"{_short_path(filename)}:{frame.get('line', 0)} in {name}"
 
@@ -82,7 +95,12 @@ def format_stack(frames: list[dict[str, Any]], info: Any = None) -> str:
 class StackInterner:
     """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_text_bytes: int | None = None, limit_hint: str = "", *, source: str = "") -> None:
+        #: None: no budget; else a SnapshotError (naming ``limit_hint``) past this much stack text
+        self.max_text_bytes = max_text_bytes
+        self.limit_hint = limit_hint
+        self.source = source
+        self.text_bytes = 0
         self.stacks: list[str] = []
         self._by_text: dict[tuple[str, str], int] = {}
         self._by_identity: dict[int, int] = {}
@@ -117,6 +135,9 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
+        self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
+        if len(frames) > MAX_STACK_FRAMES:
+            frames = frames[:MAX_STACK_FRAMES]
         # Lists made apart but holding the same (shared) frame dicts are the same stack: found by
         # the frames' identities before any text is formatted (long runs repeat their stacks).
         same_frames = tuple(map(id, frames))
@@ -125,7 +146,6 @@ class StackInterner:
             index = self._intern_new(frames)
             self._by_frames[same_frames] = index
         self._by_identity[key] = index
-        self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
         return index
 
     def _intern_new(self, frames: list[dict[str, Any]]) -> int:
@@ -136,12 +156,27 @@ class StackInterner:
         index = self._by_text.get((text, mosaic))
         if index is None:
             index = len(self.stacks)
+            self._count_text(text)
             self.stacks.append(text)
             self._by_text[(text, mosaic)] = index
             self.hints.append(stack_hint(frames))
             self.sources.append(user_source(frames))
             self.mosaic.append(mosaic)
         return index
+
+
+    def _count_text(self, text: str) -> None:
+        self.text_bytes += len(text)
+        if self.max_text_bytes is not None and self.text_bytes > self.max_text_bytes:
+            from nbtoolkit.errors import SnapshotError
+            from nbtoolkit.units import format_bytes
+
+            raise SnapshotError(
+                f"{self.source + ': ' if self.source else ''}the snapshot's {len(self.stacks):,}+ "
+                "distinct stacks make more than "
+                f"{format_bytes(self.max_text_bytes)} of text, over {self.limit_hint or 'the budget'}; "
+                "real snapshots make a few MB, so this one is damaged or built to exhaust memory"
+            )
 
 
 def _rooted(filename: str) -> str:
@@ -152,7 +187,7 @@ def stack_hint(frames: list[dict[str, Any]]) -> str:
     """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
     # Paths are absolute in CUDA snapshots, relative to site-packages in profiler stacks
     # ("torch/optim/adamw.py"): a leading "/" lets one set of rules read both.
-    names = [(str(f.get("name", "")), _rooted(str(f.get("filename", "")))) for f in frames]
+    names = [(_clip(str(f.get("name", ""))), _rooted(_clip(str(f.get("filename", ""))))) for f in frames]
     if any("/torch/optim/" in fn for _, fn in names):
         return "optimizer"
     if any(
@@ -185,5 +220,5 @@ def user_source(frames: list[dict[str, Any]]) -> str:
         filename = str(f.get("filename", "")).replace("\\", "/")
         rooted = _rooted(filename)
         if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
-            return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
+            return f"{_clip(_short_path(filename))}:{f.get('line', 0)} in {_clip(str(f.get('name', '?')))}"
     return ""
