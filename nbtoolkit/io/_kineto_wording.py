@@ -16,21 +16,27 @@ from typing import Any
 
 from nbtoolkit.errors import TraceError
 
-__all__ = ["BOM", "malformed", "refuse_duplicate_events"]
+__all__ = ["BOM", "malformed", "refuse_duplicate_events", "shift_bytes", "syntax_error"]
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: JSON readers may skip it (RFC 8259), and we do
 _AT_BYTE = re.compile(r"\(byte (\d+)\)")
 _NON_NUMBERS = (b"-Infinity", b"-NaN", b"Infinity", b"NaN")  # the longest first
 
 
-def malformed(file: Path, data: bytes, detail: str) -> TraceError:
-    """The TraceError for JSON msgspec could not parse (``detail``: its message)."""
-    if data[:2] == b"\x1f\x8b":
+def malformed(file: Path, data: bytes | bytearray, detail: str, offset: int = 0) -> TraceError:
+    """The TraceError for JSON msgspec could not parse (``detail``: its message).
+
+    ``data``: the bytes msgspec read, which start at byte ``offset`` of the (inflated) file; its
+    ``(byte N)`` is reported as the byte of the file.
+    """
+    if offset == 0 and data[:2] == b"\x1f\x8b":
         return TraceError(
             f"{file}: the file is gzip-compressed twice (what is inside the gzip is gzip again); "
             "decompress it once (gunzip) and load the result"
         )
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 3 and (data[0] == 0) != (data[1] == 0)):
+    if offset == 0 and (
+        data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 3 and (data[0] == 0) != (data[1] == 0))
+    ):
         return TraceError(
             f"{file}: the file is UTF-16 (or UTF-32) text, not UTF-8 as JSON traces are; convert it, "
             "e.g. iconv -f UTF-16 -t UTF-8"
@@ -38,14 +44,39 @@ def malformed(file: Path, data: bytes, detail: str) -> TraceError:
     found = _AT_BYTE.search(detail)
     if found is not None:
         at = int(found.group(1))
-        window = data[max(0, at - 1) : at + 10]
+        window = bytes(data[max(0, at - 1) : at + 10])
         literal = next((word for word in _NON_NUMBERS if word in window), None)
         if literal is not None:
             return TraceError(
-                f"{file}: the JSON holds the literal {literal.decode()} near byte {at:,}, which JSON "
-                "does not allow (its writer printed a float that is not a number); the trace is corrupt"
+                f"{file}: the JSON holds the literal {literal.decode()} near byte {offset + at:,}, which "
+                "JSON does not allow (its writer printed a float that is not a number); the trace is corrupt"
             )
-    return TraceError(f"{file}: the JSON is malformed ({detail})")
+    return TraceError(f"{file}: the JSON is malformed ({shift_bytes(detail, offset)})")
+
+
+def syntax_error(file: Path, data: bytes | bytearray, exc: Exception, offset: int = 0) -> TraceError:
+    """The TraceError for msgspec's DecodeError (or a UnicodeDecodeError) on ``data``.
+
+    ``data`` starts at byte ``offset`` of the (inflated) file (a chunk of it, when streaming).
+    """
+    if isinstance(exc, UnicodeDecodeError):
+        return TraceError(
+            f"{file}: text in the trace is not valid UTF-8 (byte {exc.object[exc.start : exc.end]!r} "
+            "in a string); the file is corrupt or was written with another encoding"
+        )
+    text = shift_bytes(str(exc), offset)
+    if "utf-8" in text.lower():
+        return TraceError(f"{file}: text in the trace is not valid UTF-8 ({text})")
+    if "truncated" in text.lower():
+        return TraceError(f"{file}: the JSON is truncated ({text}); the profiler did not finish writing it")
+    return malformed(file, data, str(exc), offset)
+
+
+def shift_bytes(message: str, offset: int) -> str:
+    """msgspec's ``(byte N)`` of a part of the file as the byte's offset in the whole (inflated) file."""
+    if not offset:
+        return message
+    return _AT_BYTE.sub(lambda m: f"(byte {offset + int(m.group(1))})", message)
 
 
 def refuse_duplicate_events(file: Path, text: bytes) -> None:

@@ -72,6 +72,16 @@ def _braces_trace(path: Path, mib: float) -> Path:
     return path
 
 
+def _false_boundaries_trace(path: Path, mib: float) -> Path:
+    """An event name of ``},{`` repeated: every boundary found inside it is a false one."""
+    name = b"},{" * int(mib * (1 << 20) / 3)
+    path.write_bytes(
+        b'{"traceEvents": [{"ph":"X","name":"a","ts":0,"dur":1,"pid":1,"tid":1}, '
+        b'{"ph":"X","name":"' + name + b'","ts":1,"dur":1,"pid":1,"tid":1}]}'
+    )
+    return path
+
+
 def _closers_trace(path: Path, pairs: int) -> Path:
     path.write_bytes(_doc([_event()])[:-1] + b', "x": "' + b"}]" * pairs + b'"}')
     return path
@@ -79,8 +89,8 @@ def _closers_trace(path: Path, pairs: int) -> Path:
 
 @pytest.mark.parametrize(
     ("make", "small"),
-    [(_braces_trace, 1.0), (_closers_trace, 100_000)],
-    ids=["event-name-of-braces", "trailer-of-closers"],
+    [(_braces_trace, 1.0), (_false_boundaries_trace, 1.0), (_closers_trace, 100_000)],
+    ids=["event-name-of-braces", "event-name-of-boundaries", "trailer-of-closers"],
 )
 def test_parsing_time_grows_linearly(tmp_path, monkeypatch, make, small):
     """4x the input takes about 4x the time (the quadratic readers took 16x, and minutes at 64 MiB).
@@ -102,6 +112,12 @@ def test_a_name_of_braces_is_read_whole_and_exact(tmp_path):
     path = _braces_trace(tmp_path / "rank0.json", 5)  # longer than a chunk: no boundary inside it
     names = set(nbt.load_trace(path).events[0]["name"].astype(str))
     assert names == {"a", "{" * (5 << 20)}
+
+
+def test_boundaries_inside_a_name_are_passed_over(tmp_path):
+    path = _false_boundaries_trace(tmp_path / "rank0.json", 9)  # two chunks of false boundaries
+    names = set(nbt.load_trace(path).events[0]["name"].astype(str))
+    assert names == {"a", "},{" * int(9 * (1 << 20) / 3)}
 
 
 def test_a_name_of_braces_of_64_mib_is_read_within_the_memory_limit(tmp_path):
@@ -167,6 +183,49 @@ def test_a_gzip_bomb_of_whitespace_stops_at_the_event_limit(tmp_path, head):
     assert out["seconds"] < 30 and int(out["peak_rss"]) < 1.5 * 2**30, out  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize(
+    ("head", "tail", "expected"),
+    [
+        (b'{"traceEvents":', b"null}", "no 'traceEvents' list in its 1.00 GiB of JSON"),
+        (b'{"x": {"traceEvents": 1}, "big": "', b'"}', "no 'traceEvents' list in its first"),
+        (b'{"traceEvents": [{"ph": "X" "name": "a"}, {"ph": "X"}, ', b"]}", "malformed"),
+    ],
+    ids=["spaces-after-the-key", "a-nested-key-then-a-long-string", "a-syntax-error-then-spaces"],
+)
+def test_a_document_the_stream_cannot_place_is_never_read_whole(tmp_path, head, tail, expected):
+    """Each of these once sent the reader to decode the whole file: 1 GiB of spaces, held twice."""
+    path = _gzip_stream(tmp_path / "rank0.json.gz", head, 1024, tail)
+    out = read_bounded("load_trace", path)
+    assert out["outcome"] == "error" and expected in str(out["message"]), out
+    assert out["seconds"] < 30 and int(out["peak_rss"]) < 1.5 * 2**30, out  # type: ignore[call-overload]
+
+
+def test_a_gzip_cut_short_after_many_events_is_one_error_without_a_second_read(tmp_path, monkeypatch):
+    from nbtoolkit.io import _kineto_json
+
+    whole = gzip.compress(_doc([_event(ts=i) for i in range(20_000)]))
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(whole[: len(whole) * 3 // 4])
+
+    def no_second_read(file):
+        raise AssertionError("the file was read whole a second time")
+
+    monkeypatch.setattr(_kineto_json, "read_all", no_second_read)
+    with pytest.raises(TraceError, match="the gzip stream is truncated or corrupt"):
+        nbt.load_trace(path)
+
+
+def test_a_large_json_that_is_no_trace_is_skipped_in_a_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBT_MAX_EVENT_BYTES", "1MiB")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0.json").write_bytes(_doc([_event()]))
+    (folder / "execution_trace.json").write_bytes(b'{"nodes": [' + b"1, " * (1 << 20) + b"1]}")
+    trace = nbt.load_trace(folder)
+    assert trace.ranks == [0]
+    assert any("skipped execution_trace.json: no 'traceEvents' list" in n for n in trace.notes), trace.notes
+
+
 def test_the_event_limit_is_raisable(tmp_path, monkeypatch):
     path = _braces_trace(tmp_path / "rank0.json", 3)
     monkeypatch.setenv("NBT_MAX_EVENT_BYTES", "1MiB")
@@ -180,7 +239,7 @@ def test_the_event_limit_is_raisable(tmp_path, monkeypatch):
 def test_a_document_without_trace_events_is_not_searched_forever(tmp_path, monkeypatch):
     monkeypatch.setenv("NBT_MAX_EVENT_BYTES", "1MiB")
     path = _gzip_stream(tmp_path / "rank0.json.gz", b'{"nodes": "', 4, b'"}')
-    with pytest.raises(TraceError, match=r"no 'traceEvents' key in its first .*NBT_MAX_EVENT_BYTES"):
+    with pytest.raises(TraceError, match=r"no 'traceEvents' list in its first .*NBT_MAX_EVENT_BYTES"):
         nbt.load_trace(path)
 
 
