@@ -212,9 +212,11 @@ def _from_raw(
         RecursionError,
         OverflowError,
     ) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            detail = "a number in it has more than 4,300 digits"  # not Python's advice to raise that
         raise SnapshotError(
-            f"{source} looks like an allocator snapshot but a field is missing or malformed "
-            f"({type(exc).__name__}: {exc})"
+            f"{source} looks like an allocator snapshot but a field is missing or malformed ({detail})"
         ) from None
 
 
