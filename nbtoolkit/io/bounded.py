@@ -330,23 +330,14 @@ def inflate(
             raise CorruptGzip(str(exc)) from None
         if inflater.eof:  # the end of one gzip member: another may follow (as gzip.decompress reads)
             data = inflater.unused_data or fh.read(1 << 20)
-            if data[:1] == b"\0" and _only_zeros(data, fh):
-                return  # zeros after the last member: padding, which gzip(1) and Python's gzip skip
+            while data[:1] == b"\0":  # zero padding after a member, which gzip(1) and Python's gzip skip
+                data = data.lstrip(b"\0") or fh.read(1 << 20)
             if data:
                 inflater = zlib.decompressobj(wbits=31)
         else:
             data = fh.read(1 << 20)
     if not inflater.eof:
         raise CorruptGzip("the stream ends before the end of its data")
-
-
-def _only_zeros(data: bytes, fh: BinaryIO) -> bool:
-    """Whether ``data`` and the rest of ``fh`` are all zero bytes (read to the end when they are)."""
-    while data:
-        if data.count(0) != len(data):
-            return False
-        data = fh.read(1 << 20)
-    return True
 
 
 def read_all(

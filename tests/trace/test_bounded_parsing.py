@@ -378,6 +378,10 @@ def test_a_gzip_padded_with_zeros_is_read_as_gzip_reads_it(tmp_path):
     path = tmp_path / "rank0.json.gz"
     path.write_bytes(padded)
     assert len(nbt.load_trace(path).events[0]) == 2
+    between = gzip.compress(text[:50]) + b"\0" * 3000 + gzip.compress(text[50:])
+    assert gzip.decompress(between) == text  # zeros between members too
+    path.write_bytes(between)
+    assert len(nbt.load_trace(path).events[0]) == 2
     path.write_bytes(gzip.compress(text) + b"\0" * 10 + b"garbage")  # not padding: still refused
     with pytest.raises(TraceError, match="truncated or corrupt"):
         nbt.load_trace(path)
