@@ -86,6 +86,18 @@ def _event_split(buf: bytes | bytearray, start: int = 0) -> int:
     return start + len(region) - 1 - match.start()
 
 
+def _top_level(data: bytearray, key: int) -> bool:
+    """Whether the key at ``key`` is one of the document's own (not of an object nested in it).
+
+    The document's start, closed right after that key, is valid JSON only then.
+    """
+    try:
+        msgspec.json.decode(bytes(data[:key]) + b'"traceEvents": []}')
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
 def _absolute(message: str, first_event: int, *, array_doc: bool) -> str:
     """msgspec's ``$[i]`` of a chunk as the event's index in the file's event list."""
     where = "$" if array_doc else "$.traceEvents"
@@ -141,11 +153,11 @@ class _Stream:
                     data[key + len(_KEY) :] = b":" if tail.group(1) else b""
                     self.searched = key
                     break
-                if tail.group(1) and data[tail.end()] == 0x5B:  # '"traceEvents": ['
+                if tail.group(1) and data[tail.end()] == 0x5B and _top_level(data, key):
                     self.header = bytes(data[:key])
                     del data[: tail.end()]
                     return True
-                self.searched = tail.end()  # the key's text elsewhere (a value, a name): look further
+                self.searched = tail.end()  # the key's text elsewhere (a value, a nested key): look further
             else:
                 self.searched = len(data)
             if len(data) > self.max_event:  # in a folder, skipped as any JSON that is no trace

@@ -337,6 +337,17 @@ def test_a_second_trace_events_key_is_refused(tmp_path, monkeypatch, streaming):
         nbt.load_trace(path)
 
 
+def test_a_nested_trace_events_list_before_the_documents_is_passed_over(tmp_path, monkeypatch):
+    from nbtoolkit.io import _kineto_json
+
+    monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
+    events = [_event(ts=i) for i in range(2000)]
+    text = json.dumps({"meta": {"traceEvents": [{"a": 1}, {"b": 2}]}, "traceEvents": events})
+    path = tmp_path / "rank0.json"
+    path.write_text(text)
+    assert len(nbt.load_trace(path).events[0]) == 2000
+
+
 def test_the_key_named_in_an_event_is_no_second_list(tmp_path):
     path = tmp_path / "rank0.json"
     path.write_bytes(_doc([_event(name='"traceEvents"'), _event(args={"traceEvents": 1})]))
