@@ -115,8 +115,15 @@ LIMITS: dict[str, Limit] = {
         "NBT_MAX_SNAPSHOT_ROWS",
         5_000_000,
         False,
-        "the rows a memory snapshot stands for: segments, blocks, trace entries, annotations and "
-        "distinct stack frames (also max_rows=)",
+        "the rows a memory snapshot stands for: segments, blocks, trace entries and annotations "
+        "(also max_rows=)",
+    ),
+    "stack_frames": Limit(
+        "NBT_MAX_STACK_FRAMES",
+        100_000,
+        False,
+        "the frames of one allocation stack in a memory snapshot (real stacks, C++ and Python, have "
+        "hundreds; deep recursion a few thousand)",
     ),
     "stack_text_bytes": Limit(
         "NBT_MAX_STACK_TEXT_BYTES",

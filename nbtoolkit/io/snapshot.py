@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
-from nbtoolkit.io.bounded import limit, limit_hint, read_all, read_limit
+from nbtoolkit.io.bounded import read_all, read_limit
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
+from nbtoolkit.io.snapshot_stream import stack_limits
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
 from nbtoolkit.model.snapshot_columns import SnapshotFilter
@@ -122,13 +123,13 @@ def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
     def length(value: Any) -> int:
         return len(value) if isinstance(value, (list, tuple)) else 0
 
-    stacks: dict[int, int] = {}  # id of each distinct frames list -> its length
+    longest = 0  # the most frames of one stack (a 10**7-frame list is refused before it is read)
 
     def frames_of(entries: Any) -> None:
-        if rows + len(stacks) > limit or not isinstance(entries, (list, tuple)):
-            return
-        lists = [e.get("frames") for e in entries if type(e) is dict]
-        stacks.update((id(f), len(f)) for f in lists if type(f) is list and id(f) not in stacks)
+        nonlocal longest
+        if isinstance(entries, (list, tuple)) and rows <= limit:
+            lists = [e.get("frames") for e in entries if type(e) is dict]
+            longest = max([longest, *(len(f) for f in lists if type(f) is list)])
 
     segments = snapshot.get("segments")
     rows += length(segments)
@@ -145,20 +146,18 @@ def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
         if rows > limit:
             break
     rows += length(snapshot.get("external_annotations"))
-    # Each distinct stack's frames are read (and formatted) once: they count once, not per reference.
-    rows += sum(stacks.values())
     if rows > limit:
         raise SnapshotError(
-            f"{source} stands for more than {limit:,} rows (segments, blocks, trace entries and the "
-            "frames of distinct stacks, counting lists the pickle shares each time they are "
-            "referenced); real snapshots are far smaller, so it is likely a pickle bomb. If it is real, "
-            f"raise the budget with max_rows= or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
+            f"{source} stands for more than {limit:,} rows (segments, blocks and trace entries, "
+            "counting lists the pickle shares each time they are referenced); real snapshots are far "
+            "smaller, so it is likely a pickle bomb. If it is real, raise the budget with max_rows= "
+            f"or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
         )
-
-
-def stack_text_budget() -> tuple[int, str]:
-    """The stack-text budget of :class:`~nbtoolkit.model.snapshot_stacks.StackInterner`, named."""
-    return limit("stack_text_bytes"), limit_hint("stack_text_bytes")
+    if longest > stack_limits().frames:
+        raise SnapshotError(
+            f"{source} has a stack of {longest:,} frames, over {stack_limits().frames_hint}; real "
+            "stacks have hundreds, so it is damaged or a pickle bomb"
+        )
 
 
 def _looks_like_json(data: bytes) -> bool:
@@ -197,7 +196,7 @@ def _from_raw(
     _count_rows(snapshot, source, _max_rows(max_rows))
     try:
         built = MemorySnapshot.from_dict(
-            snapshot, source=source, keep=keep, max_stack_text=stack_text_budget()
+            snapshot, source=source, keep=keep, stack_limits=stack_limits()
         )
         if in_memory:
             built.source = ""

@@ -33,7 +33,7 @@ from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model.snapshot_stacks import StackInterner
+from nbtoolkit.model.snapshot_stacks import StackInterner, StackLimits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -171,13 +171,12 @@ class SnapshotColumns:
         keep: SnapshotFilter | None = None,
         *,
         source: str = "",
-        max_stack_text: tuple[int, str] | None = None,
+        stack_limits: StackLimits | None = None,
     ) -> None:
-        """``source`` starts error messages; ``max_stack_text``: (bytes, the limit's name) of stack
-        text allowed (None: no budget)."""
+        """``source`` starts error messages; ``stack_limits``: what stacks may cost (None: no limits)."""
         self.keep = keep or SnapshotFilter()
         self.source = source
-        self.interner = StackInterner(*(max_stack_text or (None, "")), source=source)
+        self.interner = StackInterner(stack_limits, source=source)
         self._stack_of: dict[int, int] = {}  # id(frames list) -> stack id (the interner holds the list)
         self._segment_chunks: list[dict[str, Any]] = []
         self._block_chunks: list[dict[str, Any]] = []
@@ -205,8 +204,6 @@ class SnapshotColumns:
             for key, frames in by_id.items():
                 if frames and key not in known:
                     known[key] = self.interner.intern(frames)
-                    # each distinct stack's frames are rows too (a 10**7-frame list is no stack)
-                    self.rows_kept += len(frames) if isinstance(frames, (list, tuple)) else 0
         return np.fromiter(map(known.get, map(id, lists), repeat(-1)), dtype="int64", count=len(lists))
 
     # -- segments and their blocks -----------------------------------------------------

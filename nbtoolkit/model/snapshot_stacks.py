@@ -16,11 +16,12 @@ its index. Per stack it keeps:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from nbtoolkit.model.snapshot_mosaic import category_of, frame_rules
 
-__all__ = ["StackInterner", "format_stack", "frame_info", "stack_hint", "user_source"]
+__all__ = ["StackInterner", "StackLimits", "format_stack", "frame_info", "stack_hint", "user_source"]
 
 # Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
 _OMIT_FUNCTIONS = (
@@ -53,9 +54,6 @@ _MAX_STACK_LINES = 40
 # hundred; a snapshot whose stacks share one 1 MB name would otherwise repeat it in every stack's
 # text (2,000 stacks: 2 GB).
 _MAX_FRAME_TEXT = 512
-# Frames read per stack (the innermost first, as torch records them): real stacks, C++ and
-# Python mixed, have hundreds; a 10**7-frame list is damage (and counts against the row budget).
-MAX_STACK_FRAMES = 10_000
 
 
 def _clip(text: str) -> str:
@@ -92,13 +90,23 @@ def format_stack(frames: list[dict[str, Any]], info: Any = None) -> str:
     return "\n".join(d[2] for d in chosen[:_MAX_STACK_LINES])
 
 
+@dataclass(frozen=True)
+class StackLimits:
+    """What a snapshot's stacks may cost, with the name of each limit for the error (the readers'
+    ``NBT_MAX_STACK_FRAMES`` and ``NBT_MAX_STACK_TEXT_BYTES``)."""
+
+    frames: int  # frames of one stack
+    frames_hint: str
+    text_bytes: int  # formatted text of all distinct stacks
+    text_hint: str
+
+
 class StackInterner:
     """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
 
-    def __init__(self, max_text_bytes: int | None = None, limit_hint: str = "", *, source: str = "") -> None:
-        #: None: no budget; else a SnapshotError (naming ``limit_hint``) past this much stack text
-        self.max_text_bytes = max_text_bytes
-        self.limit_hint = limit_hint
+    def __init__(self, limits: StackLimits | None = None, *, source: str = "") -> None:
+        #: None: no limits; else a SnapshotError (naming the limit) past one of them
+        self.limits = limits
         self.source = source
         self.text_bytes = 0
         self.stacks: list[str] = []
@@ -135,9 +143,9 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
+        if self.limits is not None and len(frames) > self.limits.frames:
+            self._refuse(f"a stack of {len(frames):,} frames, over {self.limits.frames_hint}")
         self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
-        if len(frames) > MAX_STACK_FRAMES:
-            frames = frames[:MAX_STACK_FRAMES]
         # Lists made apart but holding the same (shared) frame dicts are the same stack: found by
         # the frames' identities before any text is formatted (long runs repeat their stacks).
         same_frames = tuple(map(id, frames))
@@ -167,16 +175,21 @@ class StackInterner:
 
     def _count_text(self, text: str) -> None:
         self.text_bytes += len(text)
-        if self.max_text_bytes is not None and self.text_bytes > self.max_text_bytes:
-            from nbtoolkit.errors import SnapshotError
+        if self.limits is not None and self.text_bytes > self.limits.text_bytes:
             from nbtoolkit.units import format_bytes
 
-            raise SnapshotError(
-                f"{self.source + ': ' if self.source else ''}the snapshot's {len(self.stacks):,}+ "
-                "distinct stacks make more than "
-                f"{format_bytes(self.max_text_bytes)} of text, over {self.limit_hint or 'the budget'}; "
-                "real snapshots make a few MB, so this one is damaged or built to exhaust memory"
+            self._refuse(
+                f"the snapshot's {len(self.stacks):,}+ distinct stacks make more than "
+                f"{format_bytes(self.limits.text_bytes)} of text, over {self.limits.text_hint}"
             )
+
+    def _refuse(self, what: str) -> None:
+        from nbtoolkit.errors import SnapshotError
+
+        raise SnapshotError(
+            f"{self.source + ': ' if self.source else ''}{what}; real snapshots are far from it, so this "
+            "one is damaged or built to exhaust memory"
+        )
 
 
 def _rooted(filename: str) -> str:

@@ -130,8 +130,8 @@ def _snapshot_with_blocks(blocks: list[dict[str, object]]) -> dict[str, object]:
     }
 
 
-def test_a_stack_of_ten_million_frames_counts_against_the_row_budget(tmp_path: Path) -> None:
-    """20 MB of pickle, one block whose stack is 10**7 references to one frame: 2 GB once formatted."""
+def test_a_stack_of_ten_million_frames_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """20 MB of pickle, one block whose stack is 10**7 references to one frame: 1.9 GB once read."""
     from tests._python import read_bounded
 
     frames = [{"filename": "a.py", "line": 1, "name": "f"}] * 10**7
@@ -141,18 +141,27 @@ def test_a_stack_of_ten_million_frames_counts_against_the_row_budget(tmp_path: P
     out = read_bounded("load_memory_snapshot", path)
     assert out["outcome"] == "error", out
     message = str(out["message"])
-    assert "frames of distinct stacks" in message and "NBT_MAX_SNAPSHOT_ROWS" in message
+    assert "a stack of 10,000,000 frames, over the limit NBT_MAX_STACK_FRAMES=100,000" in message, message
     assert int(out["peak_rss"]) < 1.5 * 2**30, out  # type: ignore[call-overload]
 
 
-def test_a_shared_frames_list_counts_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_stack_frames_limit_is_raisable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Real stacks share frames and count them once per entry: only one stack's length is bounded."""
     frames = [{"filename": "a.py", "line": i, "name": "f"} for i in range(30)]
-    blocks = [{"size": 512, "state": "active_allocated", "frames": frames} for _ in range(100)]
-    path = tmp_path / "shared.pickle"
+    blocks = [{"size": 512, "state": "active_allocated", "frames": list(frames)} for _ in range(100)]
+    path = tmp_path / "stacks.pickle"
     path.write_bytes(pickle.dumps(_snapshot_with_blocks(blocks)))
-    assert len(nbt.load_memory_snapshot(path, max_rows=1 + 100 + 30).blocks) == 100  # 30, not 3,000 frames
-    with pytest.raises(SnapshotError, match="more than 130 rows"):
-        nbt.load_memory_snapshot(path, max_rows=130)
+    snapshot = nbt.load_memory_snapshot(path, stream=stream, max_rows=102)  # frames are no rows
+    assert len(snapshot.blocks) == 100
+    monkeypatch.setenv("NBT_MAX_STACK_FRAMES", "20")
+    expected = r"stacks\.pickle.*a stack of 30 frames, over the limit NBT_MAX_STACK_FRAMES=20"
+    with pytest.raises(SnapshotError, match=expected):
+        nbt.load_memory_snapshot(path, stream=stream)
+    monkeypatch.setenv("NBT_MAX_STACK_FRAMES", "30")
+    assert len(nbt.load_memory_snapshot(path, stream=stream).blocks) == 100
 
 
 @pytest.mark.parametrize("stream", [False, True])
