@@ -69,7 +69,9 @@ def load_compile_log(path: str | Path, *, max_bytes: int | str | None = None) ->
     ``rank:x/y``). Other files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
     ``path`` is missing or holds no readable log, or a file is not a regular file (a FIFO, a
     device) or larger than ``max_bytes`` (default ``NBT_MAX_READ_BYTES``, else 8 GiB; see
-    :mod:`nbtoolkit.io.bounded`).
+    :mod:`nbtoolkit.io.bounded`). A record (its line and payload lines) longer than
+    ``NBT_MAX_LOG_RECORD_BYTES`` is skipped with a note, never held; ids that do not fit in 64
+    bits are read as absent, with a note.
     """
     if not is_path(path):
         raise wrong_type("load_compile_log()", "the path of a TORCH_TRACE .log file or of its folder", path)

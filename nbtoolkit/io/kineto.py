@@ -65,7 +65,10 @@ def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None
             corrupt or not a trace, two files claim the same rank, ranks of a folder disagree
             on their job (world size, backend, process groups), ranks use different trace
             formats, a ProfilerStep label is malformed, an event has a missing or negative
-            duration, a number overflows int64, or a name is not valid UTF-8.
+            duration, a number overflows int64, or a name is not valid UTF-8; an event (or the space
+            between two) is longer than ``NBT_MAX_EVENT_BYTES``, values nest deeper than
+            ``NBT_MAX_JSON_DEPTH``, or the document has two ``traceEvents`` lists (the limits of
+            :data:`nbtoolkit.io.bounded.LIMITS`; each error names the one it met).
         NbtUsageError: ``path`` is neither a path nor a Trace.
     """
     if isinstance(path, Trace):

@@ -263,8 +263,10 @@ def load_memory_snapshot(
 
     Raises:
         SnapshotError: the file is missing, not a regular file, over the read limit, corrupt,
-            truncated, not a snapshot, over the row budget, or tries to import or call anything
-            when unpickled (it is then never run); the object is not a snapshot.
+            truncated, not a snapshot, over the row budget, has a negative size, a stack longer
+            than ``NBT_MAX_STACK_FRAMES`` or stacks whose text passes ``NBT_MAX_STACK_TEXT_BYTES``,
+            or tries to import or call anything when unpickled (it is then never run); the object
+            is not a snapshot.
         NbtUsageError: ``path`` is none of the above types.
     """
     from nbtoolkit.model.snapshot import MemorySnapshot
