@@ -143,6 +143,8 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
+        if not isinstance(frames, (list, tuple)):
+            raise TypeError(f"a stack's frames are a {type(frames).__name__}, not a list of frames")
         if self.limits is not None and len(frames) > self.limits.frames:
             self._refuse(f"a stack of {len(frames):,} frames, over {self.limits.frames_hint}")
         self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
@@ -151,7 +153,7 @@ class StackInterner:
         same_frames = tuple(map(id, frames))
         index = self._by_frames.get(same_frames)
         if index is None:
-            index = self._intern_new(frames)
+            index = self._intern_new(frames if isinstance(frames, list) else list(frames))
             self._by_frames[same_frames] = index
         self._by_identity[key] = index
         return index
