@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["run_module_function", "run_python"]
+__all__ = ["read_bounded", "run_module_function", "run_python"]
 
 
 def run_python(
@@ -43,3 +43,47 @@ def run_module_function(
         f"module.{function}()\n"
     )
     return run_python("-c", code, env=env, timeout=timeout)
+
+
+_BOUNDED_READ = """
+import json, os, resource, sys, time, warnings
+import nbtoolkit as nbt
+from nbtoolkit.io import compile_log, kineto, snapshot, snapshot_stream  # everything, before the limit
+import nbtoolkit.analysis.critical_path
+nbt.MemorySnapshot
+warnings.simplefilter("ignore")
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + int(sys.argv[3]), resource.RLIM_INFINITY))
+start = time.perf_counter()
+try:
+    result = getattr(nbt, sys.argv[1])(sys.argv[2])
+    out = {"outcome": "result", "type": type(result).__name__, "message": ""}
+    if hasattr(result, "notes"):
+        out["notes"] = [str(n) for n in result.notes]
+    if hasattr(result, "info"):
+        out["notes"] = out.get("notes", []) + [n for i in result.info.values() for n in i.notes]
+except nbt.NbtError as exc:
+    out = {"outcome": "error", "type": type(exc).__name__, "message": str(exc)}
+out["seconds"] = time.perf_counter() - start
+out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print("BOUNDED " + json.dumps(out))
+"""
+
+
+def read_bounded(
+    reader: str,
+    path: Path,
+    *,
+    extra_bytes: int = int(1.5 * 2**30),
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> dict[str, object]:
+    """``nbt.<reader>(path)`` in a fresh process whose address space may grow ``extra_bytes`` past its
+    size after imports (``RLIMIT_AS``, as ``ulimit -v``): outcome ("result"/"error"), type, message,
+    notes, seconds, peak_rss (bytes, the whole process). Anything but a result or an NbtError fails.
+    """
+    import json
+
+    done = run_python("-c", _BOUNDED_READ, reader, str(path), str(extra_bytes), env=env, timeout=timeout)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("BOUNDED "))
+    return json.loads(line.removeprefix("BOUNDED "))  # type: ignore[no-any-return]

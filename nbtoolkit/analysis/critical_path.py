@@ -123,10 +123,7 @@ def critical_path(
     start, stop, label = _window(trace, rank, frame, step, annotation=annotation, instance=instance)
     selected = _select(frame, start, stop)
     if not (selected["stream"].to_numpy() < 0).any():
-        raise TraceError(
-            f"rank {rank}, {label}: no host operator starts inside it; profile with "
-            "torch.profiler's CPU activity on"
-        )
+        raise TraceError(_no_host_operator(frame, start, stop, f"rank {rank}, {label}"))
     extras = provided("Trace.event_args")(trace, rank)
     graph = build_graph(selected, extras.syncs)
     path = longest_path(graph)
@@ -215,6 +212,28 @@ def _window(trace: Trace, rank: int, frame: pd.DataFrame, step: int | None, *, a
             raise TraceError(f"rank {rank}: no ProfilerStep#{step}; steps present: {list(steps['step'])}")
         row = match.iloc[0]
     return float(row["ts"]), float(row["ts"] + row["dur"]), f"step {int(row['step'])}"
+
+
+def _no_host_operator(frame: pd.DataFrame, start: float, stop: float, where: str) -> str:
+    """Why the window has no host operator to start a path from: say what is there instead."""
+    ts, dur = frame["ts"].to_numpy(), frame["dur"].to_numpy()
+    host = (frame["stream"].to_numpy() < 0) & frame["cat"].isin(_NODE_CATS).to_numpy()
+    inside = host & (ts >= start) & (ts <= stop)
+    zero = int((inside & (dur <= 0)).sum())
+    span = f"it lasts {stop - start:,.3f} us"
+    if stop <= start:
+        span = "it lasts 0 us (its annotation has no duration)"
+    if zero:
+        return (
+            f"{where}: {zero:,} host operator(s) start inside it, all of zero duration ({span}); "
+            "operators without duration carry no time, so there is no path to find. The profiler "
+            "recorded no durations: record again with torch.profiler (a trace converted or edited "
+            "may have lost them)"
+        )
+    return (
+        f"{where}: no host operator starts inside it ({span}); profile with torch.profiler's CPU "
+        "activity on"
+    )
 
 
 def _select(frame: pd.DataFrame, start: float, stop: float) -> pd.DataFrame:

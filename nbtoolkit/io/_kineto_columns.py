@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import TraceError
-from nbtoolkit.io._kineto_json import split_phases
+from nbtoolkit.io._kineto_json import split_phases, unknown_phases
 from nbtoolkit.model.trace import COLLECTIVE_COLUMNS
 
 if TYPE_CHECKING:
@@ -40,12 +40,15 @@ class EventColumns:
         self.collectives: list[dict[str, Any]] = []
         self.threads: dict[str, str] = {}
         self.rows = 0
+        self.unknown_phases: dict[str, int] = {}  # phase -> events skipped (not in the Chrome format)
 
     def add(self, events: list[Any]) -> None:
         """Add a chunk of events: decoded by :mod:`nbtoolkit.io._kineto_json`, either way."""
         import numpy as np
 
         complete, metadata = split_phases(events)
+        for phase, count in unknown_phases(events).items():
+            self.unknown_phases[phase] = self.unknown_phases.get(phase, 0) + count
         for ev in compress(metadata, map(_THREAD_META.__contains__, map(_NAME, metadata))):
             if ev.args.name:
                 key = f"{ev.pid}:{ev.tid}" if ev.name == "thread_name" else f"{ev.pid}"
@@ -75,6 +78,19 @@ class EventColumns:
                 row["pg_ranks"] = str(row["pg_ranks"])
             self.collectives.append(row)
         self.rows += n
+
+    def unknown_phase_note(self) -> str | None:
+        """The note for events skipped because their phase is not one of the Chrome trace format."""
+        if not self.unknown_phases:
+            return None
+        total = sum(self.unknown_phases.values())
+        shown = sorted(self.unknown_phases.items(), key=lambda item: (-item[1], item[0]))
+        values = ", ".join(f"{phase[:20]!r} ({count:,})" for phase, count in shown[:8])
+        more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
+        return (
+            f"skipped {total:,} event(s) whose phase ('ph') is not one of the Chrome trace format: "
+            f"{values}{more}"
+        )
 
     def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The events frame (complete events, sorted by start) and the collectives frame."""

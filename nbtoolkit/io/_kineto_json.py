@@ -1,45 +1,42 @@
-"""Reading a Kineto/Chrome trace file's JSON into typed event structs, streamed or whole.
+"""The typed event structs of a Kineto/Chrome trace file's JSON, and its whole-file decode.
 
-The file is inflated a few MB at a time in a background thread (zlib releases the GIL);
-each piece is cut at an event boundary (``},{``) and decoded in place by msgspec into
-typed, GC-untracked structs that declare only the fields the analyses use (input shapes,
-stacks and the rest are skipped by the decoder; metadata events become three-field
-structs). :func:`stream_file` hands each decoded chunk to a sink (the column builder of
-:mod:`nbtoolkit.io._kineto_columns`), so memory holds one piece of JSON, not the document.
-
-Anything unexpected in the streaming path (an unknown event phase, a value of the wrong
-type, a truncated file) raises :class:`StreamingFallback`; the caller then reads the file
-whole (:func:`read_bytes`) and decodes it with the permissive :func:`decode_document`,
-which either reads it or names the exact problem in a TraceError.
+msgspec decodes events into typed, GC-untracked structs that declare only the fields the
+analyses use (input shapes, stacks and the rest are skipped by the decoder; metadata events
+become three-field structs). Files are read a few MB at a time by
+:func:`nbtoolkit.io._kineto_stream.stream_file`, which uses these decoders; a document it
+cannot place (no ``traceEvents`` list in its first ``NBT_MAX_EVENT_BYTES``, a file named
+``.gz`` that is not gzip) raises :class:`StreamingFallback`, and the caller then reads the file
+whole (:func:`read_bytes`, bounded by that size) and decodes it with the permissive
+:func:`decode_document`, which either reads it or names the exact problem in a TraceError.
 """
 
 from __future__ import annotations
 
 import math
-import queue
-import threading
-from collections.abc import Iterator
+from collections import Counter
 from functools import partial
 from itertools import compress
 from operator import attrgetter, is_
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, Union
+from typing import Any, Protocol, Union
 
 import msgspec
 
 from nbtoolkit.errors import TraceError
-from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular, read_all, read_chunks
+from nbtoolkit.io._kineto_wording import BOM, refuse_duplicate_events, syntax_error
+from nbtoolkit.io.bounded import json_depth, open_regular, read_all, too_deep
 from nbtoolkit.units import format_bytes
 
 __all__ = [
     "CHUNK_BYTES",
+    "KNOWN_PHASES",
     "Document",
     "NotATrace",
     "StreamingFallback",
     "decode_document",
     "read_bytes",
     "split_phases",
-    "stream_file",
+    "unknown_phases",
 ]
 
 
@@ -104,9 +101,10 @@ class _MEvent(msgspec.Struct, tag_field="ph", tag="M", gc=False):
 
 
 # Every other phase of the Chrome trace format: decoded to an empty struct (all fields skipped).
+_OTHER_PHASES = "BEiICbnestfPONDRcSTpFvV()a"  # each phase is one character
 _SKIPPED_PHASES = tuple(
     msgspec.defstruct(f"_Skip{i}", [], tag_field="ph", tag=phase, gc=False)
-    for i, phase in enumerate("BEiICbnestfPONDRcSTpFvV()a")  # each phase is one character
+    for i, phase in enumerate(_OTHER_PHASES)
 )
 # A union built at run time (py3.10 has no star-unpacking in subscripts); a plain value for mypy.
 _TaggedEvent: Any = Union.__getitem__((_XEvent, _MEvent, *_SKIPPED_PHASES))
@@ -128,7 +126,23 @@ _DECODER = msgspec.json.Decoder(Document | list[_Event])
 # makes it fail, and the file is then decoded by the permissive _DECODER.
 _EVENTS_DECODER = msgspec.json.Decoder(list[_TaggedEvent])
 _META_DECODER = msgspec.json.Decoder(Document)
+_LIST_DECODER = msgspec.json.Decoder(list[_Event])  # a chunk with a phase the tagged union lacks
+
+
+class _TailDocument(msgspec.Struct):
+    """The document's end as the streaming reader decodes it: the last events, lean, and the fields."""
+
+    traceEvents: list[_TaggedEvent] | None = None
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+
+
+_TAIL_DECODER = msgspec.json.Decoder(_TailDocument)
 CHUNK_BYTES = 4 << 20  # decompressed JSON decoded at a time: bounds the memory of the Python structs
+_KEY = b'"traceEvents"'
 
 _PH = attrgetter("ph")
 _IS_X, _IS_M = "X".__eq__, "M".__eq__
@@ -145,6 +159,21 @@ def split_phases(events: list[Any]) -> tuple[list[Any], list[Any]]:
         return list(compress(events, map(_IS_X, phases))), list(compress(events, map(_IS_M, phases)))
     types = list(map(type, events))
     return list(compress(events, map(_IS_XEVENT, types))), list(compress(events, map(_IS_MEVENT, types)))
+
+
+#: Every phase of the Chrome trace format; events of other phases are skipped and noted.
+KNOWN_PHASES = frozenset("XM" + _OTHER_PHASES)
+
+
+def unknown_phases(events: list[Any]) -> dict[str, int]:
+    """Count of each phase outside the Chrome trace format in a chunk ("" for a missing ``ph``).
+
+    Only the permissive decoder's ``_Event`` structs can have one: the streaming decoder's
+    tagged union fails on an unknown phase, and the chunk is then decoded permissively.
+    """
+    if not events or type(events[0]) is not _Event:
+        return {}
+    return {p: n for p, n in Counter(map(_PH, events)).items() if p not in KNOWN_PHASES}
 
 
 class EventSink(Protocol):
@@ -178,31 +207,27 @@ def decode_document(file: Path, data: bytes) -> Document:
         raise TraceError(f"{file}: the file is empty; the profiler did not finish writing it")
     if not data.strip():
         raise TraceError(_only_whitespace(file, len(data)))
+    if data.startswith(BOM):
+        data = data[len(BOM) :]
     try:
-        doc = _DECODER.decode(data)
+        with json_depth():
+            doc = _DECODER.decode(data)
+    except RecursionError:
+        raise too_deep(file, TraceError, "trace's JSON") from None
     except msgspec.ValidationError as exc:
         text = str(exc)
         if "traceEvents" not in text and "$[" not in text:
             raise NotATrace(f"not a profiler trace (top level: {text})") from None
         raise TraceError(f"{file}: an event has a value of the wrong type ({text})") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(
-            f"{file}: text in the trace is not valid UTF-8 (byte {exc.object[exc.start : exc.end]!r} "
-            "in a string); the file is corrupt or was written with another encoding"
-        ) from None
-    except msgspec.DecodeError as exc:
-        text = str(exc)
-        if "utf-8" in text.lower():
-            raise TraceError(f"{file}: text in the trace is not valid UTF-8 ({text})") from None
-        if "truncated" in text.lower():
-            raise TraceError(
-                f"{file}: the JSON is truncated ({text}); the profiler did not finish writing it"
-            ) from None
-        raise TraceError(f"{file}: the JSON is malformed ({text})") from None
+    except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+        raise syntax_error(file, data, exc) from None
     if isinstance(doc, list):
         return Document(traceEvents=doc, schemaVersion="chrome-array")
     if doc.traceEvents is None:
         raise NotATrace("not a profiler trace: the JSON has no 'traceEvents' list")
+    if data.count(_KEY) > 1:
+        with json_depth():
+            refuse_duplicate_events(file, data)
     return doc
 
 
@@ -216,180 +241,3 @@ def _only_whitespace(file: Path, size: int) -> str:
 class StreamingFallback(Exception):
     """The streaming reader cannot handle this file; decode it whole (exact error messages)."""
 
-
-def _pieces(file: Path) -> Iterator[bytes]:
-    """The decompressed bytes of the file, a few MB at a time, within the read limit.
-
-    A gzip file is read and inflated in a background thread (file reads and zlib release
-    the GIL), so decompression overlaps the decoding of the previous piece.
-    """
-    fh = open_regular(file, TraceError, "trace file")
-    gzipped = fh.read(2) == b"\x1f\x8b"
-    fh.seek(0)
-    if gzipped:
-        # The limit is read here: the call's max_bytes= lives in this thread's context.
-        return _in_background(_inflate(fh, file, max_read_bytes()))
-    if file.name.endswith(".gz"):
-        fh.close()
-        raise StreamingFallback
-    return _read(fh, file)
-
-
-def _read(fh: BinaryIO, file: Path) -> Iterator[bytes]:
-    with fh:
-        yield from read_chunks(fh, file, TraceError, CHUNK_BYTES)
-
-
-def _inflate(fh: BinaryIO, file: Path, limit: int) -> Iterator[bytes]:
-    with fh:
-        try:
-            yield from inflate(fh, file, TraceError, CHUNK_BYTES, limit=limit)
-        except CorruptGzip:
-            raise StreamingFallback from None  # the whole-file read words the exact problem
-
-
-_DONE = object()
-
-
-def _in_background(source: Iterator[bytes]) -> Iterator[bytes]:
-    """Run ``source`` in a thread, a few items ahead of the consumer; its exceptions are re-raised here."""
-    items: queue.Queue[object] = queue.Queue(maxsize=3)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for piece in source:
-                if not put(piece):
-                    return
-            put(_DONE)
-        except BaseException as exc:
-            put(exc)
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    def consume() -> Iterator[bytes]:
-        thread = threading.Thread(target=produce, name="nbt-trace-inflate", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = items.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, bytes)
-                yield item
-        finally:
-            stop.set()
-            thread.join()
-
-    return consume()
-
-
-_WS = b" \t\r\n"
-
-
-def _event_split(buf: bytes | bytearray) -> int:
-    """Index of a ``{`` that starts an event at top level of the events array (``},{``), or -1."""
-    pos = len(buf)
-    while True:
-        pos = buf.rfind(b"{", 0, pos)
-        if pos <= 0:
-            return -1
-        j = pos - 1
-        while j >= 0 and buf[j] in _WS:
-            j -= 1
-        if j > 0 and buf[j] == 0x2C:  # ","
-            j -= 1
-            while j >= 0 and buf[j] in _WS:
-                j -= 1
-            if j >= 0 and buf[j] == 0x7D:  # "}"
-                return pos
-
-
-def stream_file(file: Path, columns: EventSink) -> Document:
-    """Decode the events chunk by chunk into ``columns``; return the document's other fields.
-
-    Any surprise (no ``traceEvents`` key, a chunk that is not a list of events, a truncated
-    stream) raises StreamingFallback, and the file is decoded whole, which names the exact problem.
-    """
-    pieces = _pieces(file)
-    buf = b""
-    header = b""
-    seen = 0
-    for piece in pieces:
-        seen += len(piece)
-        # Leading whitespace is dropped as it comes, so a file of nothing else costs no memory.
-        buf = (buf + piece) if buf else piece.lstrip(_WS)
-        key = buf.find(b'"traceEvents"')
-        if key < 0:
-            if len(buf) > 64 * CHUNK_BYTES:
-                raise StreamingFallback
-            continue
-        j = key + len(b'"traceEvents"')
-        while j < len(buf) and buf[j] in _WS:
-            j += 1
-        if j < len(buf) and buf[j] == 0x3A:  # ":"
-            j += 1
-            while j < len(buf) and buf[j] in _WS:
-                j += 1
-        if j >= len(buf) - 1:
-            continue  # need more bytes to see the "["
-        if buf[j] != 0x5B:  # "["
-            raise StreamingFallback
-        header, buf = buf[:key], buf[j:]  # buf starts with the array's "["
-        break
-    else:
-        if seen and not buf:
-            raise TraceError(_only_whitespace(file, seen))
-        raise StreamingFallback
-    # A bytearray so that chunks are decoded in place: the "," after a chunk's last event is
-    # turned into "]" for the decode, then into the next chunk's "[" (no copies of the JSON).
-    data = bytearray(buf)
-    del buf
-    try:
-        for piece in pieces:
-            data += piece
-            if len(data) < CHUNK_BYTES:
-                continue
-            split = _event_split(data)
-            if split < 0:
-                continue
-            close = data.rindex(b",", 0, split)
-            data[close] = 0x5D  # "]"
-            with memoryview(data) as view, view[: close + 1] as chunk:
-                columns.add(_EVENTS_DECODER.decode(chunk))
-            data[close] = 0x5B  # "["
-            del data[:close]
-        # The rest: the last events, "]" and the document's trailing fields. The array's "]" is
-        # found from the right (the trailer is short): the first candidate whose trailer decodes.
-        end = len(data)
-        while True:
-            end = data.rfind(b"]", 0, end)
-            if end < 0:
-                raise StreamingFallback
-            j = end - 1
-            while j >= 0 and data[j] in _WS:
-                j -= 1
-            if j > 0 and data[j] != 0x7D:  # "}": the array ends after an event (or is empty)
-                continue
-            try:
-                doc = _META_DECODER.decode(header + b'"traceEvents": []' + bytes(data[end + 1 :]))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            with memoryview(data) as view, view[: end + 1] as chunk:
-                columns.add(_EVENTS_DECODER.decode(chunk))
-            return doc
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-        raise StreamingFallback from None

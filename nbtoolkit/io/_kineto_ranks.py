@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbtoolkit.io._kineto_json import Document
+from nbtoolkit.io.bounded import limit, limit_hint
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,9 +26,13 @@ _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
 
 def rank_from_file_name(name: str) -> int | None:
-    """The rank a file name states (the last ``rankN``/``workerN`` in it), or None."""
+    """The rank a file name states (the last ``rankN``/``workerN`` in it), or None.
+
+    A number of more than 18 digits (no int64 rank) is no rank: None.
+    """
     matches = list(_RANK_IN_NAME_RE.finditer(name))
-    return int(matches[-1].group(1)) if matches else None
+    digits = matches[-1].group(1) if matches else ""
+    return int(digits) if digits and len(digits) <= 18 else None
 
 
 def read_rank_info(file: Path, doc: Document) -> RankInfo:
@@ -36,19 +41,24 @@ def read_rank_info(file: Path, doc: Document) -> RankInfo:
 
     notes: list[str] = []
     dist = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
-    rank = dist.get("rank")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        matches = list(_RANK_IN_NAME_RE.finditer(file.name))
-        match = matches[-1] if matches else None  # the last "rankN"/"workerN" in the name wins
-        if match is not None:
-            rank = int(match.group(1))
+    most = limit("world_size")
+    rank = _believable(dist.get("rank"), most, "distributedInfo.rank", notes, below=True)
+    if rank is None:
+        rank = rank_from_file_name(file.name)
+        if rank is not None and rank >= most:
+            notes.append(
+                f"the rank in the file name {file.name} is not believed: it is not below "
+                f"{limit_hint('world_size', most)}"
+            )
+            rank = None
+        if rank is not None:
             notes.append(f"rank {rank} taken from the file name {file.name} (no distributedInfo.rank)")
         else:
             rank = 0
             notes.append(
                 f"rank unknown (no distributedInfo.rank, none in the file name {file.name}); using 0"
             )
-    world = dist.get("world_size")
+    world = _believable(dist.get("world_size"), most, "distributedInfo.world_size", notes, below=False)
     schema = doc.schemaVersion
     trace_format = (
         "chrome-array"
@@ -61,7 +71,7 @@ def read_rank_info(file: Path, doc: Document) -> RankInfo:
     groups = [g for g in pg_config if isinstance(g, dict)] if isinstance(pg_config, list) else []
     return RankInfo(
         rank=int(rank),
-        world_size=world if isinstance(world, int) else None,
+        world_size=world,
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         device_properties=[p for p in props if isinstance(p, dict)],
         trace_format=trace_format,
@@ -85,6 +95,28 @@ def detect_device_type(info: RankInfo, frame: pd.DataFrame) -> str:
             return "rocm"
         return "cuda"
     return "gpu"
+
+
+def _believable(value: object, most: int, field: str, notes: list[str], *, below: bool) -> int | None:
+    """``value`` as a rank (``below``: under the limit) or a world size (at most the limit), else None.
+
+    A number past the limit is treated as absent, with a note naming the limit: a rank of
+    2**64 or a world of 10**12 is damage, and believing it would size tables by it.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return None
+    if value > most or (below and value == most):
+        notes.append(
+            f"{field} {_short_int(value)} is not believed (treated as absent): it is over "
+            f"{limit_hint('world_size', most)}"
+        )
+        return None
+    return value
+
+
+def _short_int(value: int) -> str:
+    text = str(value) if value.bit_length() < 200 else f"a {value.bit_length()}-bit number"
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 def check_same_job(root: Path, info: dict[int, RankInfo]) -> None:

@@ -18,16 +18,25 @@ recorded by HolisticTraceAnalysis and TraceLens are a few hundred MB to 2 GB of 
 torch.profiler itself struggles to write more), and above any allocator snapshot of a real GPU
 (tens to hundreds of MB). It bounds the time a bomb costs (seconds of inflation), not the memory
 of real files: traces are streamed a few MB at a time, so their memory is the events kept.
+
+- **The other limits**, on what one part of a file may make a reader hold or do, are listed in
+  one table, :data:`LIMITS` (environment variable, default, what it bounds), read with
+  :func:`limit`; every error that one of them stops names the variable that raises it.
+  Each default is far above any real file we know and far below what would exhaust a laptop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import stat
+import sys
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,11 +46,16 @@ from nbtoolkit.units import format_bytes, parse_bytes
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
     "ENV_MAX_READ_BYTES",
+    "LIMITS",
     "CorruptGzip",
+    "Limit",
     "check_max_bytes",
     "inflate",
+    "json_depth",
+    "limit",
     "max_read_bytes",
     "open_regular",
+    "read_ahead",
     "read_all",
     "read_chunks",
     "read_limit",
@@ -49,6 +63,142 @@ __all__ = [
 
 ENV_MAX_READ_BYTES = "NBT_MAX_READ_BYTES"
 DEFAULT_MAX_READ_BYTES = 8 * 1024**3
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One bound on what a file may make a reader do: the variable that raises it, its default."""
+
+    env: str
+    default: int
+    bytes: bool  # a size (text like 512MiB accepted) rather than a count
+    bounds: str  # what it bounds, for the docs and for errors
+    most: int | None = None  # the largest value that is safe (above: a usage error)
+
+
+#: Every limit of the readers, in one place. ``NBT_MAX_READ_BYTES`` (also ``max_bytes=``) and
+#: ``NBT_MAX_SNAPSHOT_ROWS`` (also ``max_rows=``) have keywords as well; the others are raised
+#: with their environment variable. Errors name the variable (``limit_hint``).
+LIMITS: dict[str, Limit] = {
+    "read_bytes": Limit(
+        ENV_MAX_READ_BYTES, DEFAULT_MAX_READ_BYTES, True, "the bytes read from one file, after inflation"
+    ),
+    "event_bytes": Limit(
+        "NBT_MAX_EVENT_BYTES",
+        256 << 20,
+        True,
+        "the bytes of a trace read without an event boundary (one event, the space between two events, "
+        "or the document before its traceEvents list); real events are a few KB",
+    ),
+    "json_depth": Limit(
+        "NBT_MAX_JSON_DEPTH",
+        1000,
+        False,
+        "how deep JSON values may nest (real traces and logs nest fewer than 20 levels)",
+        most=10_000,  # deeper, the C decoders would overflow the thread's stack
+    ),
+    "log_record_bytes": Limit(
+        "NBT_MAX_LOG_RECORD_BYTES",
+        256 << 20,
+        True,
+        "the bytes of one compile-log record (its line and its payload lines); real records are at most "
+        "a few MB (inductor's output code)",
+    ),
+    "world_size": Limit(
+        "NBT_MAX_WORLD_SIZE",
+        1 << 20,
+        False,
+        "the ranks of one job (rank numbers and world sizes above it are not believed); the largest "
+        "jobs have about 100,000",
+    ),
+    "snapshot_rows": Limit(
+        "NBT_MAX_SNAPSHOT_ROWS",
+        5_000_000,
+        False,
+        "the rows a memory snapshot stands for: segments, blocks, trace entries and annotations "
+        "(also max_rows=)",
+    ),
+    "stack_frames": Limit(
+        "NBT_MAX_STACK_FRAMES",
+        100_000,
+        False,
+        "the frames of one allocation stack in a memory snapshot (real stacks, C++ and Python, have "
+        "hundreds; deep recursion a few thousand)",
+    ),
+    "stack_text_bytes": Limit(
+        "NBT_MAX_STACK_TEXT_BYTES",
+        256 << 20,
+        True,
+        "the text of a memory snapshot's distinct stacks, formatted (each frame's text is also cut "
+        "to a few hundred characters)",
+    ),
+}
+
+
+def limit(name: str) -> int:
+    """The value of limit ``name`` of :data:`LIMITS`: its environment variable, else its default."""
+    spec = LIMITS[name]
+    text = os.environ.get(spec.env, "").strip()
+    if not text:
+        return spec.default
+    try:
+        value = parse_bytes(text, what=spec.env)
+    except NbtError:
+        value = 0
+    if value <= 0 or (not spec.bytes and not text.replace("_", "").isdigit()):
+        kind = "a size in bytes or text like 512MiB" if spec.bytes else "a positive whole number"
+        raise NbtUsageError(f"{spec.env}={text!r} is not {kind}; it bounds {spec.bounds}")
+    if spec.most is not None and value > spec.most:
+        raise NbtUsageError(f"{spec.env}={text!r} is over {spec.most:,}, the most that is safe here")
+    return value
+
+
+def limit_hint(name: str, value: int | None = None) -> str:
+    """``"NBT_MAX_X=<value>"`` and how to raise it, for an error message."""
+    spec = LIMITS[name]
+    value = limit(name) if value is None else value
+    shown = format_bytes(value) if spec.bytes else f"{value:,}"
+    example = f"{spec.env}={_doubled(spec, value)}"
+    return f"the limit {spec.env}={shown}; if the file is real, raise it (e.g. {example})"
+
+
+def _doubled(spec: Limit, value: int) -> str:
+    twice = 2 * value if spec.most is None else min(2 * value, spec.most)
+    return f"{twice >> 20}MiB" if spec.bytes and twice % (1 << 20) == 0 else str(twice)
+
+
+@contextlib.contextmanager
+def json_depth() -> Iterator[int]:
+    """Within the block, JSON decoders may nest ``NBT_MAX_JSON_DEPTH`` levels below the caller.
+
+    msgspec (and Python's json) bound nesting with Python's recursion limit, counted from the
+    caller's own depth, so how deep a value may nest would depend on who calls. The limit is
+    raised for the block to leave the configured depth free, and restored (never lowered).
+    A value nested deeper raises RecursionError, which the readers turn into their error
+    naming the limit. Yields the limit.
+    """
+    depth = limit("json_depth")
+    frame, here = sys._getframe(), 0
+    while frame is not None:
+        frame, here = frame.f_back, here + 1  # type: ignore[assignment]
+    needed = here + depth + 50
+    old = sys.getrecursionlimit()
+    if needed > old:
+        sys.setrecursionlimit(needed)
+    try:
+        yield depth
+    finally:
+        if needed > old and sys.getrecursionlimit() == needed:
+            sys.setrecursionlimit(old)
+
+
+def too_deep(path: Path, error: type[NbtError], what: str = "JSON") -> NbtError:
+    """The error for a value nested deeper than ``NBT_MAX_JSON_DEPTH``."""
+    return error(
+        f"{path}: the {what} nests values more than {limit('json_depth'):,} levels deep, over "
+        f"{limit_hint('json_depth')}; real files nest fewer than 20 levels, so this one is damaged "
+        "or hostile"
+    )
 
 # The limit of the reader call in progress (its max_bytes=); None: the environment or the default.
 _CALL_LIMIT: ContextVar[int | None] = ContextVar("nbt_max_read_bytes", default=None)
@@ -187,6 +337,8 @@ def inflate(
             raise CorruptGzip(str(exc)) from None
         if inflater.eof:  # the end of one gzip member: another may follow (as gzip.decompress reads)
             data = inflater.unused_data or fh.read(1 << 20)
+            while data[:1] == b"\0":  # zero padding after a member, which gzip(1) and Python's gzip skip
+                data = data.lstrip(b"\0") or fh.read(1 << 20)
             if data:
                 inflater = zlib.decompressobj(wbits=31)
         else:
@@ -220,3 +372,52 @@ def read_all(
             raise _over_limit(path, error, size, limit)
         fh.seek(0)
         return b"".join(read_chunks(fh, path, error, 16 << 20))
+
+
+_DONE = object()
+
+
+def read_ahead(source: Iterator[bytes]) -> Iterator[bytes]:
+    """Run ``source`` in a thread, a few items ahead of the consumer; its exceptions are re-raised here."""
+    items: queue.Queue[object] = queue.Queue(maxsize=3)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for piece in source:
+                if not put(piece):
+                    return
+            put(_DONE)
+        except BaseException as exc:
+            put(exc)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def consume() -> Iterator[bytes]:
+        thread = threading.Thread(target=produce, name="nbt-trace-inflate", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, bytes)
+                yield item
+        finally:
+            stop.set()
+            thread.join()
+
+    return consume()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CompileKey", "as_float", "as_int", "format_compile_id", "record_kind"]
+__all__ = ["CompileKey", "as_float", "as_int", "format_compile_id", "out_of_range", "record_kind"]
 
 # Envelope keys that are context, not the record kind (torch/_logging/_internal.py reserves them).
 _ENVELOPE_KEYS = frozenset(
@@ -75,14 +75,36 @@ def format_compile_id(
     return text
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
 def as_int(value: Any) -> int | None:
-    """An envelope or metrics field as an int, None when absent or not a number (other torch versions)."""
+    """An envelope or metrics field as an int, None when absent or not a number (other torch versions).
+
+    A number outside int64 (``frame_id`` 2**63, a line 10**30) is treated as absent too: torch
+    writes int64 counters, so such a value is damage, and frames hold these as int64 columns.
+    """
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         return None
+    return number if number in _INT64 else None
+
+
+def out_of_range(envelope: Mapping[str, Any]) -> dict[str, str]:
+    """The envelope's id fields holding a number that is no int64 (read as absent), shown short.
+
+    orjson reads integers past 64 bits as floats (``1e+30``); those count too, as do NaN and inf.
+    """
+    found = {}
+    for key in ("rank", "compiled_autograd_id", "frame_id", "frame_compile_id", "attempt"):
+        value = envelope.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and as_int(value) is None:
+            text = repr(value)
+            found[key] = text if len(text) <= 24 else f"a {len(text)}-digit number"
+    return found
 
 
 def as_float(value: Any) -> float | None:

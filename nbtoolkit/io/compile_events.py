@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 # The envelope and the graph-break text have their own modules; the names stay importable
 # from here, where callers have always found them.
-from nbtoolkit.io.compile_envelope import CompileKey, as_float, as_int, format_compile_id, record_kind
+from nbtoolkit.io.compile_envelope import (
+    CompileKey,
+    as_float,
+    as_int,
+    format_compile_id,
+    out_of_range,
+    record_kind,
+)
 from nbtoolkit.io.graph_break_text import (
     GRAPH_BREAK_SITE,
     GraphBreakText,
@@ -113,7 +120,7 @@ class CompileEventParser:
         """
         try:
             self._add(metadata, payload, rank=rank)
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
             kind = record_kind(metadata) if isinstance(metadata, Mapping) else None
             if len(self.notes) < 50:
                 self.notes.append(
@@ -121,6 +128,13 @@ class CompileEventParser:
                 )
 
     def _add(self, metadata: Mapping[str, Any], payload: str | None, *, rank: int | None) -> None:
+        too_large = out_of_range(metadata)
+        if too_large and len(self.notes) < 50:
+            self.notes.append(
+                f"a record ({record_kind(metadata) or 'unknown kind'}) has "
+                + ", ".join(f"{key} = {shown}" for key, shown in too_large.items())
+                + ", which does not fit in 64 bits: read as absent"
+            )
         if rank is None:
             rank = as_int(metadata.get("rank"))
         if "str" in metadata:
@@ -213,7 +227,7 @@ class CompileEventParser:
             return
         try:
             value = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested thousands deep, read as text
             value = payload
         reasons = value if isinstance(value, list) else [value]
         text = "\n".join(str(r) for r in reasons if r)
@@ -259,7 +273,8 @@ class CompileEventParser:
         for i, b in enumerate(self._breaks):
             key = b["key"]
             p: GraphBreakText = b["parsed"]
-            source_line, context = source_context(p.user_file, p.user_line, policy=self.source_policy)
+            user_line = as_int(p.user_line)  # a line of 10**30 is damage: read as absent
+            source_line, context = source_context(p.user_file, user_line, policy=self.source_policy)
             breaks.append(
                 {
                     "break": i,
@@ -274,7 +289,7 @@ class CompileEventParser:
                     "explanation": p.explanation,
                     "hints": "\n".join(p.hints),
                     "user_file": p.user_file,
-                    "user_line": p.user_line,
+                    "user_line": user_line,
                     "user_function": p.user_function,
                     "source_line": source_line if source_line is not None else p.traceback_source,
                     "source_context": context,

@@ -33,16 +33,15 @@ note. A path that does not exist, or a folder without any log, raises
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from nbtoolkit.errors import CompileLogError
-from nbtoolkit.io.bounded import max_read_bytes, open_regular, read_limit
+from nbtoolkit.io.bounded import limit, limit_hint, max_read_bytes, open_regular, read_limit
 from nbtoolkit.io.compile_events import CompileEventParser
 from nbtoolkit.io.user_source import SourcePolicy
 from nbtoolkit.io.user_source import describe as describe_source_policy
@@ -78,7 +77,9 @@ def load_compile_log(
     ``rank:x/y``). Other files are skipped with a note. Raises :class:`~nbtoolkit.errors.CompileLogError` when
     ``path`` is missing or holds no readable log, or a file is not a regular file (a FIFO, a
     device) or larger than ``max_bytes`` (default ``NBT_MAX_READ_BYTES``, else 8 GiB; see
-    :mod:`nbtoolkit.io.bounded`).
+    :mod:`nbtoolkit.io.bounded`). A record (its line and payload lines) longer than
+    ``NBT_MAX_LOG_RECORD_BYTES`` is skipped with a note, never held; ids that do not fit in 64
+    bits are read as absent, with a note.
 
     Source context: a log may come from another machine and name any file, so by default no
     source file is read; each break still has its file, line and the source line torch wrote
@@ -114,6 +115,11 @@ def _load(target: Path, policy: SourcePolicy) -> GraphReport:
                 parser.notes.append(f"skipped {file.name}: not a .log file")
                 continue
             rank = _rank_from_name(file.name)
+            if rank is None and _RANK_IN_NAME.search(file.name):
+                parser.notes.append(
+                    f"{file.name}: the rank in the name is not below {limit_hint('world_size')}: "
+                    "not believed (the records' own rank is used)"
+                )
             count = _read_file(file, parser, rank=rank, multi=True)
             if count == 0:
                 parser.notes.append(
@@ -156,8 +162,45 @@ def _load(target: Path, policy: SourcePolicy) -> GraphReport:
 
 
 def _rank_from_name(name: str) -> int | None:
+    """``N`` of ``rank_N`` in a file name; None without one, or when N is no rank (over the world limit)."""
     m = _RANK_IN_NAME.search(name)
-    return int(m.group(1)) if m else None
+    if m is None or len(m.group(1)) > 18:
+        return None
+    rank = int(m.group(1))
+    return rank if rank < limit("world_size") else None
+
+
+def _lines(binary: BinaryIO, most: int) -> Iterator[tuple[int, str, bool]]:
+    """(line number, line without its newline, whole) for each line, never holding more than ``most`` bytes.
+
+    Lines are read as bytes (C speed) and decoded as UTF-8, a damaged byte replaced. A longer line
+    is read to its end a MiB at a time, undecoded, and dropped: ``whole`` is False and the line is
+    its first character (enough to tell a payload line from an envelope).
+    """
+    lineno = 0
+    while raw := binary.readline(min(most, 1 << 20)):
+        lineno += 1
+        parts, size = [raw], len(raw)
+        while not raw.endswith(b"\n") and size <= most and (raw := binary.readline(1 << 20)):
+            parts.append(raw)
+            size += len(raw)
+        if size <= most:
+            line = b"".join(parts).decode("utf-8", "replace")
+            line = line[:-1] if line.endswith("\n") else line
+            yield lineno, line[:-1] if line.endswith("\r") else line, True
+            continue
+        first = parts[0][:1].decode("utf-8", "replace")
+        del parts
+        while not raw.endswith(b"\n") and (raw := binary.readline(1 << 20)):
+            pass
+        yield lineno, first, False
+
+
+def _over_record_limit(file: Path, lineno: int, most: int) -> str:
+    return (
+        f"{file.name}:{lineno}: a record (its line and payload) longer than "
+        f"{limit_hint('log_record_bytes', most)}: skipped"
+    )
 
 
 def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, multi: bool) -> int:
@@ -165,20 +208,19 @@ def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, mult
     import orjson
 
     binary = open_regular(file, CompileLogError, "compile log")
-    size, limit = os.fstat(binary.fileno()).st_size, max_read_bytes()
-    if size > limit:  # logs are plain text, never inflated: the file's size is what would be read
+    size, most_bytes = os.fstat(binary.fileno()).st_size, max_read_bytes()
+    if size > most_bytes:  # logs are plain text, never inflated: the file's size is what would be read
         binary.close()
         raise CompileLogError(
-            f"{file} is {format_bytes(size)}, over the limit of {format_bytes(limit)} per file; "
+            f"{file} is {format_bytes(size)}, over the limit of {format_bytes(most_bytes)} per file; "
             "raise it with max_bytes= or the environment variable NBT_MAX_READ_BYTES"
         )
-    handle = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
     skipped: list[str] = []
     mismatched: list[str] = []
     records = 0
     file_rank: int | None = None  # tlparse: the first rank seen in a file is the file's rank
     other_rank = 0
-    with handle:
+    with binary:
         pending: tuple[int, dict[str, object], list[str]] | None = None
 
         def flush(entry: tuple[int, dict[str, object], list[str]]) -> None:
@@ -204,25 +246,43 @@ def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, mult
             records += 1
             parser.add(envelope, payload, rank=rank)  # None: the envelope's own rank, if any
 
-        for lineno, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\n")
+        max_record = limit("log_record_bytes")
+        pending_size = 0
+        for lineno, line, whole in _lines(binary, max_record):
+            if not whole:  # a line over the record limit: skipped (read to its end, never held)
+                if pending is not None and line.startswith("\t"):
+                    skipped.append(_over_record_limit(file, pending[0], max_record))
+                    pending = None  # the rest of its payload lines follow: skipped with it
+                    continue
+                if pending is not None:
+                    flush(pending)
+                    pending = None
+                if not line.startswith("\t"):
+                    skipped.append(_over_record_limit(file, lineno, max_record))
+                continue
             if not line:
                 continue  # tlparse: blank lines are never valid (a blank payload line is a lone tab)
             if line.startswith("\t"):
                 if pending is not None:
+                    pending_size += len(line)
+                    if pending_size > max_record:
+                        skipped.append(_over_record_limit(file, pending[0], max_record))
+                        pending = None
+                        continue
                     pending[2].append(line[1:])
                 continue  # payload of a damaged envelope: skipped with it
             if pending is not None:
                 flush(pending)
                 pending = None
+            pending_size = len(line)
             m = _GLOG.match(line)
             if m is None:
                 skipped.append(f"{file.name}:{lineno}: not a glog-prefixed structured log line")
                 continue
             try:
                 envelope = orjson.loads(line[m.end() :])
-            except orjson.JSONDecodeError:
-                skipped.append(f"{file.name}:{lineno}: the JSON envelope does not parse")
+            except orjson.JSONDecodeError as exc:
+                skipped.append(f"{file.name}:{lineno}: the JSON envelope does not parse ({str(exc)[:80]})")
                 continue
             if not isinstance(envelope, dict):
                 skipped.append(f"{file.name}:{lineno}: the JSON envelope is not an object")
@@ -230,6 +290,17 @@ def _read_file(file: Path, parser: CompileEventParser, *, rank: int | None, mult
             pending = (lineno, envelope, [])
         if pending is not None:
             flush(pending)
+    over = [note for note in skipped if "longer than the limit" in note]
+    if over and not records:  # nothing read because of the limit: say so, not "no record"
+        if not multi:
+            raise CompileLogError(f"{file}: {over[0].split(': ', 1)[1].removesuffix(': skipped')}")
+        parser.notes.append(f"skipped {file.name}: {over[0].split(': ', 1)[1].removesuffix(': skipped')}")
+    elif skipped and not records and not multi and any("JSON envelope" in note for note in skipped):
+        first = next(note for note in skipped if "JSON envelope" in note)
+        raise CompileLogError(
+            f"{file} holds no readable compile record: {len(skipped):,} line(s) skipped, and its records "
+            f"are damaged (first: {first})"
+        )
     if other_rank:
         parser.notes.append(f"{file.name}: skipped {other_rank} records of ranks other than {file_rank}")
     if mismatched and records:

@@ -82,7 +82,7 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
     user_file = user_line = None
     m = _USER_AT.search(text)
     if m:
-        user_file, user_line = m.group("file"), int(m.group("line"))
+        user_file, user_line = m.group("file"), _line_number(m.group("line"))
     body = text
     m = _REASON_AT.search(text)
     if m:
@@ -179,7 +179,12 @@ def _sections(lines: list[str]) -> tuple[str, list[str], list[str], list[str]]:
     return gb_type, explanation_lines, hints, context_lines
 
 
-def _traceback_frames(tb_lines: list[str]) -> list[tuple[str, int, str, str | None]]:
+def _line_number(digits: str) -> int | None:
+    """A line number from the log's text; None past 64 bits (damage: int() would need 4,300+ digits)."""
+    return int(digits) if len(digits) <= 18 else None
+
+
+def _traceback_frames(tb_lines: list[str]) -> list[tuple[str, int | None, str, str | None]]:
     """(file, line, function, source line) of each frame of a formatted traceback, outermost first."""
     frames = []
     for i, line in enumerate(tb_lines):
@@ -188,7 +193,7 @@ def _traceback_frames(tb_lines: list[str]) -> list[tuple[str, int, str, str | No
             continue
         nxt = tb_lines[i + 1] if i + 1 < len(tb_lines) else ""
         source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
-        frames.append((fm.group("file"), int(fm.group("line")), fm.group("func").strip(), source))
+        frames.append((fm.group("file"), _line_number(fm.group("line")), fm.group("func").strip(), source))
     return frames
 
 

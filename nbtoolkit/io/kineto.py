@@ -4,9 +4,9 @@
 rank (or a Trace, returned as it is). This module finds the files and assembles the
 ranks; the work per file is split by job:
 
-- :mod:`nbtoolkit.io._kineto_json`: the file's JSON, inflated and decoded a few MB at a
-  time into typed structs (or decoded whole by a permissive decoder when the streaming
-  path meets anything unexpected, which then names the exact problem);
+- :mod:`nbtoolkit.io._kineto_stream`: the file's JSON, inflated and decoded a few MB at a
+  time into the typed structs of :mod:`nbtoolkit.io._kineto_json` (or decoded whole by its
+  permissive decoder when the document cannot be placed, which then names the problem);
 - :mod:`nbtoolkit.io._kineto_columns`: the structs turned into the rank's columnar
   events and collectives frames;
 - :mod:`nbtoolkit.io._kineto_ranks`: the rank, world, backend and device type.
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from nbtoolkit.errors import TraceError
 from nbtoolkit.io._kineto_columns import EventColumns
-from nbtoolkit.io._kineto_json import NotATrace, StreamingFallback, decode_document, read_bytes, stream_file
+from nbtoolkit.io._kineto_json import NotATrace, StreamingFallback, decode_document, read_bytes
 from nbtoolkit.io._kineto_ranks import check_same_job, detect_device_type, read_rank_info
+from nbtoolkit.io._kineto_stream import stream_file
 from nbtoolkit.io.bounded import read_limit
 from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import is_path, wrong_type
@@ -65,7 +66,10 @@ def load_trace(path: str | PathLike[str] | Trace, *, max_bytes: int | str | None
             corrupt or not a trace, two files claim the same rank, ranks of a folder disagree
             on their job (world size, backend, process groups), ranks use different trace
             formats, a ProfilerStep label is malformed, an event has a missing or negative
-            duration, a number overflows int64, or a name is not valid UTF-8.
+            duration, a number overflows int64, or a name is not valid UTF-8; an event (or the space
+            between two) is longer than ``NBT_MAX_EVENT_BYTES``, values nest deeper than
+            ``NBT_MAX_JSON_DEPTH``, or the document has two ``traceEvents`` lists (the limits of
+            :data:`nbtoolkit.io.bounded.LIMITS`; each error names the one it met).
         NbtUsageError: ``path`` is neither a path nor a Trace.
     """
     if isinstance(path, Trace):
@@ -205,6 +209,9 @@ def _load_file(file: Path) -> _RankFile:
         columns.add(events)
         del events
     rank_info = read_rank_info(file, doc)
+    skipped = columns.unknown_phase_note()
+    if skipped:
+        rank_info.notes.append(skipped)
     if not columns.rows:
         raise TraceError(
             f"{file}: the trace has no events (no complete 'X' events); the profiler recorded nothing"

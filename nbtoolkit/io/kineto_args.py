@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from nbtoolkit.io._kineto_json import read_bytes
+from nbtoolkit.io.bounded import json_depth
 from nbtoolkit.model._providers import provides
 
 if TYPE_CHECKING:
@@ -97,8 +98,9 @@ def attach_event_args(trace: Trace) -> None:
 @lru_cache(maxsize=8)  # a notebook asks for the same rank's file again and again
 def _read(path: str, _mtime_ns: int) -> EventArgs:
     try:
-        doc = _DECODER.decode(read_bytes(Path(path)))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        with json_depth():
+            doc = _DECODER.decode(read_bytes(Path(path)))
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return _frames([])  # load_trace already read this file; an odd event only loses extras
     events = doc if isinstance(doc, list) else (doc.traceEvents or [])
     return _frames([e for e in events if e.ph == "X" and (e.args.wait_record_correlation >= 0

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.io.bounded import read_all, read_limit
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
+from nbtoolkit.io.snapshot_stream import stack_limits
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.memory import CATEGORIES
 from nbtoolkit.model.paths import user_path
@@ -123,16 +124,26 @@ def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
     def length(value: Any) -> int:
         return len(value) if isinstance(value, (list, tuple)) else 0
 
+    longest = 0  # the most frames of one stack (a 10**7-frame list is refused before it is read)
+
+    def frames_of(entries: Any) -> None:
+        nonlocal longest
+        if isinstance(entries, (list, tuple)) and rows <= limit:
+            lists = [e.get("frames") for e in entries if type(e) is dict]
+            longest = max([longest, *(len(f) for f in lists if type(f) is list)])
+
     segments = snapshot.get("segments")
     rows += length(segments)
     for segment in segments if isinstance(segments, (list, tuple)) else []:
         if isinstance(segment, dict):
             rows += length(segment.get("blocks"))
+            frames_of(segment.get("blocks"))
         if rows > limit:
             break
     traces = snapshot.get("device_traces")
     for entries in traces if isinstance(traces, (list, tuple)) else []:
         rows += length(entries)
+        frames_of(entries)
         if rows > limit:
             break
     rows += length(snapshot.get("external_annotations"))
@@ -142,6 +153,11 @@ def _count_rows(snapshot: dict[str, Any], source: str, limit: int) -> None:
             "counting lists the pickle shares each time they are referenced); real snapshots are far "
             "smaller, so it is likely a pickle bomb. If it is real, raise the budget with max_rows= "
             f"or the environment variable {ENV_MAX_SNAPSHOT_ROWS}"
+        )
+    if longest > stack_limits().frames:
+        raise SnapshotError(
+            f"{source} has a stack of {longest:,} frames, over {stack_limits().frames_hint}; real "
+            "stacks have hundreds, so it is damaged or a pickle bomb"
         )
 
 
@@ -180,7 +196,12 @@ def _from_raw(
     snapshot = _as_snapshot_dict(raw, source)
     _count_rows(snapshot, source, _max_rows(max_rows))
     try:
-        return MemorySnapshot.from_dict(snapshot, source="" if in_memory else source, keep=keep)
+        built = MemorySnapshot.from_dict(
+            snapshot, source=source, keep=keep, stack_limits=stack_limits()
+        )
+        if in_memory:
+            built.source = ""
+        return built
     # RecursionError: a value nested thousands deep, which str() cannot print
     except (
         KeyError,
@@ -191,9 +212,11 @@ def _from_raw(
         RecursionError,
         OverflowError,
     ) as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+            detail = "a number in it has more than 4,300 digits"  # not Python's advice to raise that
         raise SnapshotError(
-            f"{source} looks like an allocator snapshot but a field is missing or malformed "
-            f"({type(exc).__name__}: {exc})"
+            f"{source} looks like an allocator snapshot but a field is missing or malformed ({detail})"
         ) from None
 
 
@@ -241,8 +264,10 @@ def load_memory_snapshot(
 
     Raises:
         SnapshotError: the file is missing, not a regular file, over the read limit, corrupt,
-            truncated, not a snapshot, over the row budget, or tries to import or call anything
-            when unpickled (it is then never run); the object is not a snapshot.
+            truncated, not a snapshot, over the row budget, has a negative size, a stack longer
+            than ``NBT_MAX_STACK_FRAMES`` or stacks whose text passes ``NBT_MAX_STACK_TEXT_BYTES``,
+            or tries to import or call anything when unpickled (it is then never run); the object
+            is not a snapshot.
         NbtUsageError: ``path`` is none of the above types.
     """
     from nbtoolkit.model.snapshot import MemorySnapshot

@@ -44,14 +44,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from nbtoolkit.errors import SnapshotError
-from nbtoolkit.io.bounded import CorruptGzip, inflate, max_read_bytes, open_regular
+from nbtoolkit.io.bounded import CorruptGzip, inflate, limit, limit_hint, max_read_bytes, open_regular
 from nbtoolkit.io.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
+from nbtoolkit.model.snapshot_stacks import StackLimits
 
 if TYPE_CHECKING:
     from nbtoolkit.model.snapshot import MemorySnapshot
 
-__all__ = ["DRAIN_EVERY_BYTES", "stream_snapshot"]
+__all__ = ["DRAIN_EVERY_BYTES", "stack_limits", "stream_snapshot"]
 
 #: how often (bytes of pickle read) finished dicts are turned into columns and emptied
 DRAIN_EVERY_BYTES = 2 << 20
@@ -230,6 +231,16 @@ def _shared_or_malformed(source: str, exc: Exception) -> SnapshotError:
     )
 
 
+def stack_limits() -> StackLimits:
+    """What a snapshot's stacks may cost (``NBT_MAX_STACK_FRAMES``, ``NBT_MAX_STACK_TEXT_BYTES``)."""
+    return StackLimits(
+        frames=limit("stack_frames"),
+        frames_hint=limit_hint("stack_frames"),
+        text_bytes=limit("stack_text_bytes"),
+        text_hint=limit_hint("stack_text_bytes"),
+    )
+
+
 def stream_snapshot(
     path: Path,
     *,
@@ -244,7 +255,7 @@ def stream_snapshot(
 
     if not hasattr(gc, "freeze") or gc.get_freeze_count() > 0:
         return None
-    columns = SnapshotColumns(keep)
+    columns = SnapshotColumns(keep, source=str(path), stack_limits=stack_limits())
     drain = _Drain(columns, str(path), max_rows)
     was_enabled = gc.isenabled()
     gc.disable()

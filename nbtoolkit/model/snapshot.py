@@ -37,6 +37,7 @@ from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.model.snapshot_capacity import capacity_check, impossible_notes
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
+from nbtoolkit.model.snapshot_stacks import StackLimits
 from nbtoolkit.model.snapshot_timeline import snapshot_events
 from nbtoolkit.units import format_bytes, memory_viz_size
 
@@ -118,13 +119,20 @@ class MemorySnapshot(Result):
     # -- construction ------------------------------------------------------------------
     @classmethod
     def from_dict(
-        cls, snapshot: dict[str, Any], *, source: str = "", keep: SnapshotFilter | None = None
+        cls,
+        snapshot: dict[str, Any],
+        *,
+        source: str = "",
+        keep: SnapshotFilter | None = None,
+        stack_limits: StackLimits | None = None,
     ) -> MemorySnapshot:
         """Build from the dict ``torch.cuda.memory._snapshot()`` returns (already unpickled safely).
 
         ``keep``: devices and a time range to keep (see :mod:`nbtoolkit.model.snapshot_columns`).
+        ``stack_limits``: what the stacks may cost (the readers pass ``NBT_MAX_STACK_FRAMES`` and
+        ``NBT_MAX_STACK_TEXT_BYTES``); None: no limits.
         """
-        columns = SnapshotColumns(keep)
+        columns = SnapshotColumns(keep, source=source, stack_limits=stack_limits)
         columns.add_segments(list(snapshot.get("segments") or []))
         for device, entries in enumerate(snapshot.get("device_traces") or []):
             columns.add_trace(device, list(entries or []))

@@ -33,7 +33,7 @@ from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model.snapshot_stacks import StackInterner
+from nbtoolkit.model.snapshot_stacks import StackInterner, StackLimits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,12 +147,36 @@ def _ints(values: list[Any]) -> np.ndarray:
         return np.fromiter(map(int, values), dtype="int64", count=len(values))
 
 
+def _sizes(source: str, what: str, field: str, values: np.ndarray) -> np.ndarray:
+    """``values`` (byte counts), or a SnapshotError when one is negative (the snapshot is corrupt)."""
+    if len(values) and int(values.min()) < 0:
+        from nbtoolkit.errors import SnapshotError
+        from nbtoolkit.units import format_bytes
+
+        bad = values[values < 0]
+        raise SnapshotError(
+            f"{source + ': ' if source else ''}{len(bad):,} {what}(s) have a negative {field} "
+            f"(e.g. {int(bad[0]):,} bytes, "
+            f"{format_bytes(int(bad[0]))}); sizes are byte counts, so the snapshot is corrupt or was "
+            "edited: dump it again with torch.cuda.memory._dump_snapshot()"
+        )
+    return values
+
+
 class SnapshotColumns:
     """Accumulates segments, blocks and trace entries as numpy columns; :meth:`frames` at the end."""
 
-    def __init__(self, keep: SnapshotFilter | None = None) -> None:
+    def __init__(
+        self,
+        keep: SnapshotFilter | None = None,
+        *,
+        source: str = "",
+        stack_limits: StackLimits | None = None,
+    ) -> None:
+        """``source`` starts error messages; ``stack_limits``: what stacks may cost (None: no limits)."""
         self.keep = keep or SnapshotFilter()
-        self.interner = StackInterner()
+        self.source = source
+        self.interner = StackInterner(stack_limits, source=source)
         self._stack_of: dict[int, int] = {}  # id(frames list) -> stack id (the interner holds the list)
         self._segment_chunks: list[dict[str, Any]] = []
         self._block_chunks: list[dict[str, Any]] = []
@@ -209,10 +233,12 @@ class SnapshotColumns:
             "segment": index,
             "device": devices,
             "address": addresses,
-            "total_size": _ints(list(map(itemgetter("total_size"), batch))),
-            "allocated_size": ints("allocated_size"),
-            "active_size": ints("active_size"),
-            "requested_size": ints("requested_size"),
+            "total_size": _sizes(
+                self.source, "segment", "total_size", _ints(list(map(itemgetter("total_size"), batch)))
+            ),
+            "allocated_size": _sizes(self.source, "segment", "allocated_size", ints("allocated_size")),
+            "active_size": _sizes(self.source, "segment", "active_size", ints("active_size")),
+            "requested_size": _sizes(self.source, "segment", "requested_size", ints("requested_size")),
             "stream": ints("stream"),
             "segment_type": self._coded("segment_type", _column(batch, "segment_type", "")),
             "pool": self._coded("pool", map(str, _column(batch, "segment_pool_id", ""))),
@@ -239,8 +265,9 @@ class SnapshotColumns:
         n = len(blocks)
         if not n:
             return
-        sizes = _ints(list(map(itemgetter("size"), blocks)))
+        sizes = _sizes(self.source, "block", "size", _ints(list(map(itemgetter("size"), blocks))))
         requested, frames = _block_requested_and_frames(blocks, sizes)
+        _sizes(self.source, "block", "requested_size", requested)
         # A block's offset in its segment: the sizes of the blocks before it (blocks tile the segment).
         ends = np.cumsum(sizes)
         starts_of_segment = np.repeat(np.r_[0, np.cumsum(counts)[:-1]], counts)
@@ -319,7 +346,7 @@ class SnapshotColumns:
                 "seq": seq,
                 "action": self._coded("action", _column(batch, "action", "", keys)),
                 "addr": ints("addr", 0),
-                "size": ints("size", 0),
+                "size": _sizes(self.source, "trace entry", "size", ints("size", 0)),
                 "stream": ints("stream", 0),
                 "time_us": times,
                 "compile_context": self._coded("cc", _column(batch, "compile_context", "", keys)),

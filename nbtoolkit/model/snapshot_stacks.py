@@ -16,11 +16,12 @@ its index. Per stack it keeps:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from nbtoolkit.model.snapshot_mosaic import category_of, frame_rules
 
-__all__ = ["StackInterner", "format_stack", "frame_info", "stack_hint", "user_source"]
+__all__ = ["StackInterner", "StackLimits", "format_stack", "frame_info", "stack_hint", "user_source"]
 
 # Frames that only show the allocator's own machinery (the same idea as memory_viz's filter).
 _OMIT_FUNCTIONS = (
@@ -49,6 +50,16 @@ _OMIT_FILES = (
     "cpython/abstract.h",
 )
 _MAX_STACK_LINES = 40
+# A frame's file and function are cut to this many characters: demangled C++ names run to a few
+# hundred; a snapshot whose stacks share one 1 MB name would otherwise repeat it in every stack's
+# text (2,000 stacks: 2 GB).
+_MAX_FRAME_TEXT = 512
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_FRAME_TEXT:
+        return text
+    return f"{text[:_MAX_FRAME_TEXT]}...(+{len(text) - _MAX_FRAME_TEXT:,} characters)"
 
 
 def _short_path(filename: str) -> str:
@@ -62,8 +73,8 @@ _OMIT_FILES_RE = re.compile("|".join(map(re.escape, _OMIT_FILES)))
 
 def frame_info(frame: dict[str, Any]) -> tuple[bool, bool, str]:
     """(is a Python frame, is allocator/interpreter machinery, its ``file:line in name`` text)."""
-    filename = str(frame.get("filename", "?"))
-    name = str(frame.get("name", "?"))
+    filename = _clip(str(frame.get("filename", "?")))
+    name = _clip(str(frame.get("name", "?")))
     omitted = bool(_OMIT_FUNCTIONS_RE.search(name) or _OMIT_FILES_RE.search(filename))
     return filename.endswith(".py"), omitted, f"{_short_path(filename)}:{frame.get('line', 0)} in {name}"
 
@@ -79,10 +90,25 @@ def format_stack(frames: list[dict[str, Any]], info: Any = None) -> str:
     return "\n".join(d[2] for d in chosen[:_MAX_STACK_LINES])
 
 
+@dataclass(frozen=True)
+class StackLimits:
+    """What a snapshot's stacks may cost, with the name of each limit for the error (the readers'
+    ``NBT_MAX_STACK_FRAMES`` and ``NBT_MAX_STACK_TEXT_BYTES``)."""
+
+    frames: int  # frames of one stack
+    frames_hint: str
+    text_bytes: int  # formatted text of all distinct stacks
+    text_hint: str
+
+
 class StackInterner:
     """Interns stacks: the same frames list (often shared by the pickle memo) is formatted once."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: StackLimits | None = None, *, source: str = "") -> None:
+        #: None: no limits; else a SnapshotError (naming the limit) past one of them
+        self.limits = limits
+        self.source = source
+        self.text_bytes = 0
         self.stacks: list[str] = []
         self._by_text: dict[tuple[str, str], int] = {}
         self._by_identity: dict[int, int] = {}
@@ -117,15 +143,19 @@ class StackInterner:
         found = self._by_identity.get(key)
         if found is not None:
             return found
+        if not isinstance(frames, (list, tuple)):
+            raise TypeError(f"a stack's frames are a {type(frames).__name__}, not a list of frames")
+        if self.limits is not None and len(frames) > self.limits.frames:
+            self._refuse(f"a stack of {len(frames):,} frames, over {self.limits.frames_hint}")
+        self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
         # Lists made apart but holding the same (shared) frame dicts are the same stack: found by
         # the frames' identities before any text is formatted (long runs repeat their stacks).
         same_frames = tuple(map(id, frames))
         index = self._by_frames.get(same_frames)
         if index is None:
-            index = self._intern_new(frames)
+            index = self._intern_new(frames if isinstance(frames, list) else list(frames))
             self._by_frames[same_frames] = index
         self._by_identity[key] = index
-        self._keep_alive.append(frames)  # ids (of the list and its frames) stay unique while we hold them
         return index
 
     def _intern_new(self, frames: list[dict[str, Any]]) -> int:
@@ -136,12 +166,32 @@ class StackInterner:
         index = self._by_text.get((text, mosaic))
         if index is None:
             index = len(self.stacks)
+            self._count_text(text)
             self.stacks.append(text)
             self._by_text[(text, mosaic)] = index
             self.hints.append(stack_hint(frames))
             self.sources.append(user_source(frames))
             self.mosaic.append(mosaic)
         return index
+
+
+    def _count_text(self, text: str) -> None:
+        self.text_bytes += len(text)
+        if self.limits is not None and self.text_bytes > self.limits.text_bytes:
+            from nbtoolkit.units import format_bytes
+
+            self._refuse(
+                f"the snapshot's {len(self.stacks):,}+ distinct stacks make more than "
+                f"{format_bytes(self.limits.text_bytes)} of text, over {self.limits.text_hint}"
+            )
+
+    def _refuse(self, what: str) -> None:
+        from nbtoolkit.errors import SnapshotError
+
+        raise SnapshotError(
+            f"{self.source + ': ' if self.source else ''}{what}; real snapshots are far from it, so this "
+            "one is damaged or built to exhaust memory"
+        )
 
 
 def _rooted(filename: str) -> str:
@@ -152,7 +202,7 @@ def stack_hint(frames: list[dict[str, Any]]) -> str:
     """Phase hint of a stack, from its frames: optimizer, backward, forward, parameter or other."""
     # Paths are absolute in CUDA snapshots, relative to site-packages in profiler stacks
     # ("torch/optim/adamw.py"): a leading "/" lets one set of rules read both.
-    names = [(str(f.get("name", "")), _rooted(str(f.get("filename", "")))) for f in frames]
+    names = [(_clip(str(f.get("name", ""))), _rooted(_clip(str(f.get("filename", ""))))) for f in frames]
     if any("/torch/optim/" in fn for _, fn in names):
         return "optimizer"
     if any(
@@ -185,5 +235,5 @@ def user_source(frames: list[dict[str, Any]]) -> str:
         filename = str(f.get("filename", "")).replace("\\", "/")
         rooted = _rooted(filename)
         if filename.endswith(".py") and "/torch/" not in rooted and "site-packages" not in filename:
-            return f"{_short_path(filename)}:{f.get('line', 0)} in {f.get('name', '?')}"
+            return f"{_clip(_short_path(filename))}:{f.get('line', 0)} in {_clip(str(f.get('name', '?')))}"
     return ""

@@ -54,13 +54,19 @@ def parse_profiler_step(name: str, *, source: str = "") -> int:
     ``source`` (a file name) starts the error message when given.
     """
     match = _STEP_RE.fullmatch(name)
+    where = f"{source}: " if source else ""
     if match is None:
-        where = f"{source}: " if source else ""
         raise TraceError(
-            f"{where}ProfilerStep label {name!r} is not of the form 'ProfilerStep#N' (N an integer); "
+            f"{where}ProfilerStep label {name[:80]!r} is not of the form 'ProfilerStep#N' (N an integer); "
             "the trace was edited or written by an unknown tool"
         )
-    return int(match.group(1))
+    digits = match.group(1)
+    if len(digits.lstrip("0")) > 18:  # past int64 (torch's step counter is an int64)
+        raise TraceError(
+            f"{where}ProfilerStep label {name[:40]!r}... has a step number of {len(digits)} digits, "
+            "which does not fit in 64 bits; the trace was edited or is corrupt"
+        )
+    return int(digits)
 
 
 def profiler_step_names(names: Iterable[object]) -> list[str]:

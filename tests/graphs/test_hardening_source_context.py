@@ -25,7 +25,7 @@ SECRET = "s3cr3t-token-4f9a"
 _PREFIX = "V1126 09:00:00.000000 4242 torch/_dynamo/symbolic_convert.py:100] "
 
 
-def _break_record(file: str, line: int, frame_id: int) -> str:
+def _break_record(file: str, line: int | str, frame_id: int) -> str:
     envelope = {
         "artifact": {"name": "dynamo_graph_break_reason", "encoding": "string"},
         "frame_id": frame_id,
@@ -219,3 +219,13 @@ def test_a_hostile_break_text_is_escaped_in_the_html_and_the_report(tmp_path: Pa
             "<script>alert(1)" not in html and "<img src=x" not in html and "<script>x</script>" not in html
         )
         assert "&lt;script&gt;alert(1)" in html
+
+
+@pytest.mark.parametrize("digits", [30, 5000])
+def test_a_line_number_past_64_bits_is_read_as_absent(tmp_path: Path, digits: int) -> None:
+    """A break at line 10**30 (or 5,000 digits, past int()'s limit) keeps its row, without a line."""
+    log = tmp_path / "dedicated_log_torch_trace_rank_0.log"
+    log.write_text(_break_record("/x.py", "9" * digits, 0))
+    report = nbt.load_compile_log(log)
+    assert len(report.breaks) == 1
+    assert report.breaks["user_line"].isna().all() and report.breaks["source_context"].tolist() == [""]

@@ -86,3 +86,22 @@ def test_errors_name_the_problem(cpu_trace_file):
         nbt.critical_path(trace, annotation="nope")
     with pytest.raises(nbt.TraceError, match="instance 7 is out of range"):
         nbt.critical_path(trace, annotation="ProfilerStep", instance=7)
+
+
+@pytest.mark.parametrize("step_dur", [0, 100])
+def test_a_step_of_zero_duration_ops_says_what_is_there(tmp_path, step_dur):
+    """Ops that all last 0 us were reported as "no host operator starts inside it": untrue."""
+    import json
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+               "ts": 0, "dur": step_dur}]
+    events += [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 0, "dur": 0}
+               for i in range(5000)]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    with pytest.raises(nbt.TraceError) as info:
+        nbt.critical_path(nbt.load_trace(path))
+    message = str(info.value)
+    assert "5,000 host operator(s) start inside it, all of zero duration" in message, message
+    assert "no host operator starts" not in message
+    assert ("lasts 0 us" in message) == (step_dur == 0)
