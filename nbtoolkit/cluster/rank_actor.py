@@ -295,7 +295,14 @@ class RankActor:
         if backend == "nccl":
             torch.cuda.set_device(0)
             self._device = "cuda:0"
-        if dist.is_initialized():  # forming a new group after the old one was closed or broke
+        holders: list[tuple[str, str]] = []
+        regroup = self._backend is not None  # a new group after the old one was closed or broke
+        if regroup:  # (shutdown_group may have destroyed the old one already)
+            from nbtoolkit.cluster.group_holders import forget_cached_groups, group_holders
+
+            holders = group_holders(self.namespace, self.world_size)  # named to the user
+            forget_cached_groups()
+        if dist.is_initialized():
             with contextlib.suppress(Exception):  # whatever state the old group is in, leave it
                 dist.destroy_process_group()
         dist.init_process_group(
@@ -309,10 +316,14 @@ class RankActor:
 
         hang_recorder.install()  # note each collective a cell calls (for the hang diagnosis)
         hang_recorder.recorder.reset_groups()
+        if regroup:  # FSDP2 models follow the new group; what cannot is named
+            from nbtoolkit.cluster.group_holders import rebind_fsdp2
+
+            holders += rebind_fsdp2(self.namespace)
         self._backend = backend
         self._master, self._timeout_s = f"{master_addr}:{master_port}", timeout_s
         self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
-        return {"backend": backend, "device": self._device}
+        return {"backend": backend, "device": self._device, "holders": holders}
 
     @staticmethod
     def _node_ip() -> str:
@@ -438,6 +449,22 @@ class RankActor:
             dist.destroy_process_group()
 
     # ---- control group: answers while a cell runs ----
+    def tcp_endpoints(self) -> list[tuple[str, int]]:
+        """This process's TCP endpoints (see :mod:`nbtoolkit.cluster.peer_sockets`)."""
+        from nbtoolkit.cluster.peer_sockets import tcp_endpoints
+
+        return tcp_endpoints()
+
+    def sever_peers(self, peers: list[tuple[str, int]]) -> int:
+        """Cut this rank's connections to the other ranks (not the store's): a blocked collective fails."""
+        from nbtoolkit.cluster.peer_sockets import sever
+
+        keep = []
+        if self._master:
+            host, _, port = self._master.rpartition(":")
+            keep.append((host, int(port)))
+        return sever(peers, keep)
+
     def take_output(self) -> list[tuple[str, str]]:
         return self._sink.take()
 

@@ -68,7 +68,7 @@ def _with_control_group(cls: type) -> type:
     import ray
 
     namespace: dict[str, Any] = {}
-    for name in ("take_output", "state", "interrupt", "poll", "hang_state"):
+    for name in ("take_output", "state", "interrupt", "poll", "hang_state", "tcp_endpoints", "sever_peers"):
         method = getattr(cls, name)
 
         def make(method: Any) -> Any:
@@ -182,7 +182,7 @@ class RankGroup:
                 info.state = "busy"  # still running a cell the previous kernel started
         return group
 
-    def _form_process_group(self, rank0_info: dict[str, Any]) -> None:
+    def _form_process_group(self, rank0_info: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank joins one torch.distributed group; rendezvous on rank 0's node and free port."""
         master_addr, master_port = rank0_info["ip"], rank0_info["free_port"]
         hosts = {info.ip for info in self.ranks}
@@ -191,7 +191,7 @@ class RankGroup:
                 f"rank 0's node calls itself {master_addr}, which ranks on the other nodes ({sorted(hosts)}) "
                 "cannot reach: start that node's Ray with --node-ip-address set to an address they reach"
             )
-        self._get(
+        joined = self._get(
             [
                 a.setup_process_group.remote(
                     master_addr, master_port, self.backend, self.collective_timeout_s
@@ -202,6 +202,7 @@ class RankGroup:
             "join the torch.distributed group",
         )
         self.master = f"{master_addr}:{master_port}"
+        return joined
 
     def _get(self, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
         import ray
@@ -253,7 +254,10 @@ class RankGroup:
             else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
                 note_interrupt(self)
             result.interrupted = True
-            self._interrupt([refs[ref] for ref in refs if refs[ref] not in result.outcomes])
+            gone = {f.rank for f in result.dead}
+            running = [r for r in refs.values() if r not in result.outcomes and r not in gone]
+            result.interrupted_ranks = sorted(set(result.interrupted_ranks) | set(running))
+            self._interrupt(running)
             self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
             if result.stuck and not result.dead:
                 self._free_stuck(refs, result, on_output)
@@ -296,11 +300,16 @@ class RankGroup:
             self._collect_ready(ready, refs, result)
             if not pending:
                 break
+            if ready and on_output is not None:  # a rank that finished shows its output now, not at the end
+                self._flush_outcomes(result, on_output)
             if result.dead:
                 if dead_since is None:
                     dead_since = time.monotonic()
                 elif time.monotonic() - dead_since > _DEAD_RANK_GRACE_S:
                     # The others are waiting on the dead rank: stop them now.
+                    result.interrupted_ranks = sorted({refs[ref] for ref in pending})
+                    died = ", ".join(str(f.rank) for f in result.dead)
+                    result.interrupt_reason = f"after rank {died} died"
                     self._interrupt([refs[ref] for ref in pending])
                     self._wait_after(
                         {ref: refs[ref] for ref in pending}, result, on_output, _INTERRUPT_GRACE_S
@@ -360,6 +369,7 @@ class RankGroup:
         # that stopped last; the ranks this frees close theirs in the next round.
         closing, freed = others, []
         pending = {ref: rank for ref, rank in refs.items() if rank in stuck}
+        severed = False
         while closing and pending:
             with contextlib.suppress(ClusterError):
                 self._get(
@@ -367,6 +377,9 @@ class RankGroup:
                     _INTERRUPT_GRACE_S,
                     "leave the process group",
                 )
+            if not severed:  # what still holds the group (DDP, DeepSpeed, FSDP2) keeps it open
+                severed = True
+                self._sever_peer_connections()
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
             for ref in ready:
                 self._collect(ref, pending[ref], result)
@@ -382,7 +395,8 @@ class RankGroup:
             result.freed = freed
             try:
                 rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a port")
-                self._form_process_group(rank0[0])
+                joined = self._form_process_group(rank0[0])
+                result.rebuild = sorted({tuple(h) for j in joined for h in j.get("holders", [])})
             except ClusterError as exc:
                 result.regroup_error = str(exc)
                 for r in others + freed:
@@ -392,6 +406,27 @@ class RankGroup:
                     self.ranks[r].state, self.ranks[r].cause = "idle", None
         if on_output is not None:
             self._flush_outcomes(result, on_output)
+
+    def _sever_peer_connections(self) -> None:
+        """Cut the TCP connections between rank processes (:mod:`nbtoolkit.cluster.peer_sockets`).
+
+        Asked of every live rank on its control thread, the blocked ones included: a gloo
+        collective fails at once when its connection ends, whoever still holds the group.
+        """
+        import ray
+
+        live = [r for r in range(self.world_size) if self.ranks[r].state != "dead"]
+        refs = {r: self.actors[r].tcp_endpoints.remote() for r in live}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=_INTERRUPT_GRACE_S)
+        endpoints: dict[int, list[tuple[str, int]]] = {}
+        for r, ref in refs.items():
+            with contextlib.suppress(ray.exceptions.RayError):
+                endpoints[r] = [tuple(e) for e in ray.get(ref, timeout=0.01)]
+        cuts = [
+            self.actors[r].sever_peers.remote([e for o, es in endpoints.items() if o != r for e in es])
+            for r in endpoints
+        ]
+        ray.wait(cuts, num_returns=len(cuts), timeout=_INTERRUPT_GRACE_S)
 
     def _collect_ready(self, ready: list[Any], refs: dict[Any, int], result: RankCallResult) -> None:
         """Collect finished calls in one ``ray.get`` (one round trip: over Ray Client each costs ~5 ms)."""

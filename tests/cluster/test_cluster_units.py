@@ -257,7 +257,7 @@ def test_the_message_after_freeing_a_blocked_rank_says_whether_a_new_group_forme
     outcome = {"rank": 0, "value": None, "error": "KeyboardInterrupt: the cell was interrupted", "output": []}
     formed = RemoteRun([0, 1], RankCallResult(outcomes={0: outcome}, freed=[0], interrupted=True))
     assert "rank 0 kept waiting in a collective" in formed.failure_text()
-    assert "formed a new one" in formed.failure_text() and "must be built again" in formed.failure_text()
+    assert "formed a new one" in formed.failure_text() and "must be made again" in formed.failure_text()
     failed = RemoteRun(
         [0, 1],
         RankCallResult(outcomes={0: outcome}, freed=[0], regroup_error="port in use", interrupted=True),
@@ -359,3 +359,73 @@ def test_a_version_mismatch_message_names_both_sides() -> None:
     message = _connect_failure("ray://h:10001", RuntimeError(ray_text))
     assert "runs Ray 2.60.0 on Python 3.11.7" in message and "has Ray 2.59.1 on Python 3.12.2" in message
     assert "pip install 'ray==2.60.0'" in message and "\n" not in message
+
+
+_INTERRUPTED = "KeyboardInterrupt: the cell was interrupted"
+
+
+def _outcome(rank: int, error: str | None = None, value: object = None) -> dict:
+    return {"rank": rank, "value": value, "error": error, "output": []}
+
+
+def test_the_interrupt_message_names_each_rank_once_finished_interrupted_or_failed() -> None:
+    """Issue 32/5: "failed on 1 of 2 ranks: interrupted on ranks 0, 1" named a rank that had finished."""
+    run = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            interrupt_reason="after the hang diagnosis",
+        ),
+    )
+    head = run.failure_text().splitlines()[0]
+    assert head.startswith(
+        "the cell was stopped: interrupted (after the hang diagnosis) on rank 0; finished on rank 1;"
+    )
+    assert "ranks 0, 1" not in head and "failed" not in head
+    # Three ranks: one failed on its own before Ctrl-C, one was interrupted, one never stopped.
+    mixed = RemoteRun(
+        [0, 1, 2],
+        RankCallResult(
+            outcomes={0: _outcome(0, "ValueError: bad batch"), 1: _outcome(1, _INTERRUPTED)},
+            stuck=[2],
+            interrupted=True,
+            interrupted_ranks=[1, 2],
+        ),
+    )
+    head = mixed.failure_text().splitlines()[0]
+    assert head.startswith(
+        "the cell failed on 2 of 3 ranks: interrupted (Ctrl-C) on rank 1; failed on rank 0;"
+    )
+    assert "rank 2 did not stop" in head and "finished" not in head
+    # A rank that finished just as the interrupt came is "finished", not "interrupted".
+    late = RemoteRun(
+        [0, 1],
+        RankCallResult(outcomes={0: _outcome(0, value=3), 1: _outcome(1, _INTERRUPTED)}, interrupted=True,
+                       interrupted_ranks=[0, 1]),
+    )
+    assert late.failure_text().splitlines()[0] == (
+        "the cell was stopped: interrupted (Ctrl-C) on rank 1; finished on rank 0"
+    )
+    # A plain failure keeps its short head (the tracebacks name the ranks).
+    plain = RemoteRun([0, 1], RankCallResult(outcomes={0: _outcome(0, "KeyError: 'k'"), 1: _outcome(1)}))
+    assert plain.failure_text().splitlines()[0] == "the cell failed on 1 of 2 ranks"
+
+
+def test_the_message_after_a_new_group_names_the_variables_to_build_again() -> None:
+    run = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            rebuild=[("net", "DistributedDataParallel"), ("engine", "DeepSpeedEngine")],
+        ),
+    )
+    text = run.failure_text()
+    assert "Every rank kept its variables, but these were built on the old group" in text
+    assert "net (DistributedDataParallel): wrap its module again, net = DDP(net.module)" in text
+    assert "engine (DeepSpeedEngine): call deepspeed.initialize again with model=engine.module" in text
