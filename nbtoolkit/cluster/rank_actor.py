@@ -98,37 +98,6 @@ class _SinkStream(io.TextIOBase):
         return False
 
 
-class _Unshippable:
-    """Stands in for a cell value that cannot be pickled back to the notebook."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _shippable(value: Any) -> Any:
-    """The value itself if it pickles, else a stand-in showing its repr."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    try:
-        from ray import cloudpickle  # the pickler Ray ships results with
-
-        cloudpickle.dumps(value)
-    except Exception as exc:  # any pickling failure: send the repr instead
-        return _Unshippable(f"{_safe_repr(value)}  (not picklable: {type(exc).__name__})")
-    return value
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not break the cell's result
-        text = f"<{type(value).__name__} (repr failed: {exc!r})>"
-    return text if len(text) <= 2000 else text[:2000] + "…"
-
-
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -332,7 +301,7 @@ class RankActor:
         return str(ray.util.get_node_ip_address())
 
     # ---- running code ----
-    def run_cell(self, source: str) -> CellOutcome:
+    def run_cell(self, source: str, max_result_bytes: int | None = None) -> CellOutcome:
         """Run a cell's source in the rank's namespace; its last expression is the value."""
         try:
             body, tail = compile_cell(source)
@@ -343,13 +312,17 @@ class RankActor:
             exec(body, self.namespace)  # noqa: S102 - running the user's cell is the point
             return eval(tail, self.namespace) if tail is not None else None  # noqa: S307 - same
 
-        return self._run(cell, source)
+        return self._run(cell, source, max_result_bytes)
 
     def run_function(
-        self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        max_result_bytes: int | None = None,
     ) -> CellOutcome:
         """Call a function (shipped from the notebook) on this rank."""
-        return self._run(lambda: fn(*args, **(kwargs or {})))
+        return self._run(lambda: fn(*args, **(kwargs or {})), None, max_result_bytes)
 
     def run_tool(self, module: str, name: str, payload: Any, kwargs: dict[str, Any]) -> CellOutcome:
         """Call ``module.name(step, **kwargs)`` where step runs the payload (a cell or a function).
@@ -384,8 +357,11 @@ class RankActor:
 
         return cell
 
-    def _run(self, work: Callable[[], Any], source: str | None = None) -> CellOutcome:
+    def _run(
+        self, work: Callable[[], Any], source: str | None = None, max_result_bytes: int | None = None
+    ) -> CellOutcome:
         from nbtoolkit.cluster.hang_recorder import recorder
+        from nbtoolkit.cluster.shipping import ResultTooLarge, shippable
 
         started = time.perf_counter()
         stdout, stderr = sys.stdout, sys.stderr
@@ -400,9 +376,11 @@ class RankActor:
             sys.stdout = _SinkStream(self._sink, "stdout")
             sys.stderr = _SinkStream(self._sink, "stderr")
             try:
-                value = _shippable(work())
+                value = shippable(work(), max_result_bytes)
             except KeyboardInterrupt:
                 error = "KeyboardInterrupt: the cell was interrupted"
+            except ResultTooLarge as exc:  # the cell ran; its value stays on the rank
+                error = str(exc)
             except BaseException as exc:  # the user's exception, whatever it is, goes back as text
                 error = _remote_traceback(exc)
             finally:

@@ -172,6 +172,36 @@ def test_an_unpicklable_value_comes_back_as_its_repr(cluster) -> None:
     assert all("lock" in repr(v) and "not picklable" in repr(v) for v in values)
 
 
+def test_a_value_past_max_result_bytes_is_refused_naming_the_limit_and_the_rank_stays_usable(cluster) -> None:
+    """Issue 32/9: a cell returning 1 GiB had no cap (fetch has one). The default cap (256 MiB)
+    refuses a 257 MiB value on the rank; a call's limit and the cluster's attribute change it."""
+    from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
+    from nbtoolkit.errors import RemoteCellError
+
+    assert cluster.max_result_bytes == RESULT_MAX_BYTES == 256 * 2**20
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run("big = bytes(257 * 2**20)\nbig", ranks=0)
+    message = str(info.value)
+    assert "the cell's value is 257.00 MiB pickled, more than max_result_bytes (256.00 MiB)" in message
+    assert "cluster.max_result_bytes = N" in message and "Traceback" not in message
+    assert cluster.run("len(big)", ranks=0) == [257 * 2**20]  # kept on the rank, which still works
+    cluster.run("del big", ranks=0)
+    # A pickled object (a tensor) is measured as Ray would ship it; the call's limit wins.
+    with pytest.raises(RemoteCellError, match=r"max_result_bytes \(1.00 KiB\)"):
+        cluster.run("torch.zeros(1024)", max_result_bytes=1024)
+    assert [len(v) for v in cluster.run("torch.zeros(1024)", max_result_bytes=8192)] == [1024, 1024]
+    cluster.max_result_bytes = 100
+    try:
+        with pytest.raises(RemoteCellError, match=r"more than max_result_bytes \(100 B\)"):
+            cluster.run("'x' * 101")
+        assert cluster.run("'x' * 100") == ["x" * 100] * 2
+    finally:
+        cluster.max_result_bytes = RESULT_MAX_BYTES
+    with pytest.raises(NbtUsageError, match="max_result_bytes must be a positive number of bytes"):
+        cluster.run("1", max_result_bytes=0)
+    assert cluster.run("rank") == [0, 1]
+
+
 def test_push_and_pull_variables(cluster) -> None:
     cluster.push({"scale": 2.5, "names": ["a", "<b>"]})
     assert cluster.run("scale * (rank + 1)") == [2.5, 5.0]

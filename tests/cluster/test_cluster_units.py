@@ -429,3 +429,82 @@ def test_the_message_after_a_new_group_names_the_variables_to_build_again() -> N
     assert "Every rank kept its variables, but these were built on the old group" in text
     assert "net (DistributedDataParallel): wrap its module again, net = DDP(net.module)" in text
     assert "engine (DeepSpeedEngine): call deepspeed.initialize again with model=engine.module" in text
+
+
+def test_a_local_cluster_too_big_for_the_machine_fails_at_once_naming_the_limit(monkeypatch) -> None:
+    """Issue 32/9: Cluster.local(ranks=10**6) waited 119 s and took ~6 GB before "no room"."""
+    import time
+
+    import nbtoolkit as nbt
+    from nbtoolkit.cluster import placement
+
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        nbt.Cluster.local(ranks=10**6)
+    assert time.monotonic() - started < 1.0
+    assert "cannot run 1,000,000 local ranks" in str(info.value) and "Cluster.connect" in str(info.value)
+    # Memory decides where it is the tighter limit: 16 CPUs allow 128 ranks, 2 GiB about 5.
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(placement, "_available_memory", lambda: 2 * 2**30)
+    with pytest.raises(ClusterError, match=r"room for at most 5 \(2.0 GiB of memory available, about 300"):
+        placement.check_local_room(6)
+    placement.check_local_room(5)  # fits: no error
+    monkeypatch.setattr(placement, "_available_memory", lambda: None)  # not Linux: CPUs only
+    with pytest.raises(ClusterError, match=r"room for at most 128 \(16 CPU cores x 8 ranks per core\)"):
+        placement.check_local_room(129)
+
+
+_PROXIER_TRACEBACK = (
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File ".../ray/util/client/server/proxier.py", line 396, in start_specific_server\n'
+    "    cmd = psutil_proc.cmdline()\n"
+    "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)"
+)
+
+
+def test_a_ray_client_session_the_proxier_failed_to_start_is_tried_again_with_a_fresh_client(
+    monkeypatch,
+) -> None:
+    """Issue 32/6: after a wrong token, the right one failed once in two tries with the proxier's
+    ZombieProcess traceback inside the ClusterError. A new ray.init is a new client (fresh id)."""
+    import ray
+
+    from nbtoolkit.cluster import connection
+
+    calls: list[str] = []
+    outcomes = [ConnectionError(_PROXIER_TRACEBACK), None]
+
+    def init(**kwargs):
+        calls.append(kwargs["address"])
+        failure = outcomes.pop(0)
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(connection, "probe_client", lambda address, token: None)
+    monkeypatch.setattr(connection, "_CLIENT_RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    attachment = connection.connect("ray://10.0.0.1:10001", "the-token")
+    assert calls == ["ray://10.0.0.1:10001", "shutdown", "ray://10.0.0.1:10001"]
+    assert attachment.address == "ray://10.0.0.1:10001" and attachment.token == "the-token"
+    connection._remember_client(None)
+    connection._restore_env(attachment.saved_env)
+
+    # Failing every time: one message that says what to do, Ray's last line, no traceback.
+    calls.clear()
+    outcomes[:] = [ConnectionError(_PROXIER_TRACEBACK)] * 3
+    with pytest.raises(ClusterError) as info:
+        connection.connect("ray://10.0.0.1:10001", "the-token")
+    message = str(info.value)
+    assert calls.count("ray://10.0.0.1:10001") == 3
+    assert message.startswith("the Ray Client server at ray://10.0.0.1:10001 accepted the token but failed")
+    assert "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)" in message
+    assert "Traceback" not in message and "proxier.py" not in message and "\n" not in message
+    assert "Connect again in a few seconds" in message
+    # Another failure is not retried: it fails at once with its own message.
+    calls.clear()
+    outcomes[:] = [RuntimeError("something else")]
+    with pytest.raises(ClusterError, match=r"could not connect to the Ray cluster at ray://10\.0\.0\.1:10001"):
+        connection.connect("ray://10.0.0.1:10001", "the-token")
+    assert calls.count("ray://10.0.0.1:10001") == 1
