@@ -247,20 +247,24 @@ class RankGroup:
         try:
             self._wait(refs, result, on_output, watch)
         except KeyboardInterrupt as exc:
+            from nbtoolkit.cluster.freeing import free_stuck, interrupts_deferred
             from nbtoolkit.cluster.hang_watch import StopOnHang, note_interrupt
 
-            if isinstance(exc, StopOnHang):
-                result.interrupt_reason = "after the hang diagnosis"
-            else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
-                note_interrupt(self)
-            result.interrupted = True
-            gone = {f.rank for f in result.dead}
-            running = [r for r in refs.values() if r not in result.outcomes and r not in gone]
-            result.interrupted_ranks = sorted(set(result.interrupted_ranks) | set(running))
-            self._interrupt(running)
-            self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
-            if result.stuck and not result.dead:
-                self._free_stuck(refs, result, on_output)
+            # Stopping takes seconds (the grace, freeing, a new group): a second Ctrl-C meanwhile
+            # must not leave the ranks half stopped, some in the old group and some in none.
+            with interrupts_deferred():
+                if isinstance(exc, StopOnHang):
+                    result.interrupt_reason = "after the hang diagnosis"
+                else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
+                    note_interrupt(self)
+                result.interrupted = True
+                gone = {f.rank for f in result.dead}
+                running = [r for r in refs.values() if r not in result.outcomes and r not in gone]
+                result.interrupted_ranks = sorted(set(result.interrupted_ranks) | set(running))
+                self._interrupt(running)
+                self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
+                if result.stuck and not result.dead:
+                    free_stuck(self, refs, result, on_output)
         finally:
             for r in ranks:
                 if self.ranks[r].state == "busy":
@@ -346,87 +350,6 @@ class RankGroup:
             self.ranks[rank].state, self.ranks[rank].cause = "broken", "did not stop when interrupted"
         if on_output is not None:
             self._flush_outcomes(result, on_output)
-
-    def _free_stuck(
-        self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None
-    ) -> None:
-        """Free the ranks an interrupt could not stop, then give every rank a fresh process group.
-
-        A rank that does not stop when interrupted is nearly always blocked in a collective
-        whose peers did stop (the interrupt reached them in Python code). Gloo fails such a
-        wait at once when a peer closes its connections ("Connection closed by peer"), so
-        the ranks that stopped leave the process group; the blocked ranks' cells then end
-        and all ranks join a new group, keeping their namespaces. (Gloo's own ``abort()`` on
-        the blocked rank does not end the wait: measured, it returned only when the peer
-        exited.) A rank blocked in something else, such as one long C call, stays stuck.
-        """
-        import ray
-
-        stuck = list(result.stuck)
-        others = [r for r in range(self.world_size) if r not in stuck and self.ranks[r].state != "dead"]
-        # Rounds: a blocked rank may wait on peers that are blocked too (gloo's ring: rank 3 waits
-        # on ranks 2 and 0, not on rank 1 that stopped). Each round closes the group on the ranks
-        # that stopped last; the ranks this frees close theirs in the next round.
-        closing, freed = others, []
-        pending = {ref: rank for ref, rank in refs.items() if rank in stuck}
-        severed = False
-        while closing and pending:
-            with contextlib.suppress(ClusterError):
-                self._get(
-                    [self.actors[r].shutdown_group.remote() for r in closing],
-                    _INTERRUPT_GRACE_S,
-                    "leave the process group",
-                )
-            if not severed:  # what still holds the group (DDP, DeepSpeed, FSDP2) keeps it open
-                severed = True
-                self._sever_peer_connections()
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
-            for ref in ready:
-                self._collect(ref, pending[ref], result)
-            closing = [pending.pop(ref) for ref in ready]
-            freed += [r for r in closing if r in result.outcomes]
-        result.stuck = [r for r in stuck if r not in freed]
-        if result.stuck:
-            label = ", ".join(str(r) for r in result.stuck)
-            for r in others + freed:
-                self.ranks[r].state = "broken"
-                self.ranks[r].cause = f"its process group was closed to free rank {label}, which stayed stuck"
-        else:
-            result.freed = freed
-            try:
-                rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a port")
-                joined = self._form_process_group(rank0[0])
-                result.rebuild = sorted({tuple(h) for j in joined for h in j.get("holders", [])})
-            except ClusterError as exc:
-                result.regroup_error = str(exc)
-                for r in others + freed:
-                    self.ranks[r].state, self.ranks[r].cause = "broken", f"no process group: {exc}"
-            else:
-                for r in others + freed:
-                    self.ranks[r].state, self.ranks[r].cause = "idle", None
-        if on_output is not None:
-            self._flush_outcomes(result, on_output)
-
-    def _sever_peer_connections(self) -> None:
-        """Cut the TCP connections between rank processes (:mod:`nbtoolkit.cluster.peer_sockets`).
-
-        Asked of every live rank on its control thread, the blocked ones included: a gloo
-        collective fails at once when its connection ends, whoever still holds the group.
-        """
-        import ray
-
-        live = [r for r in range(self.world_size) if self.ranks[r].state != "dead"]
-        refs = {r: self.actors[r].tcp_endpoints.remote() for r in live}
-        ray.wait(list(refs.values()), num_returns=len(refs), timeout=_INTERRUPT_GRACE_S)
-        endpoints: dict[int, list[tuple[str, int]]] = {}
-        for r, ref in refs.items():
-            with contextlib.suppress(ray.exceptions.RayError):
-                endpoints[r] = [tuple(e) for e in ray.get(ref, timeout=0.01)]
-        cuts = [
-            self.actors[r].sever_peers.remote([e for o, es in endpoints.items() if o != r for e in es])
-            for r in endpoints
-        ]
-        ray.wait(cuts, num_returns=len(cuts), timeout=_INTERRUPT_GRACE_S)
 
     def _collect_ready(self, ready: list[Any], refs: dict[Any, int], result: RankCallResult) -> None:
         """Collect finished calls in one ``ray.get`` (one round trip: over Ray Client each costs ~5 ms)."""

@@ -7,6 +7,7 @@ here needs a private network namespace: run pytest under
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -261,6 +262,37 @@ def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(clust
     assert elapsed < 30, f"took {elapsed:.1f} s; the collective timeout is 60 s"
     assert [row["info"].state for row in cluster._live_group().states()] == ["idle", "idle"]
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(0, 2.0), (10, 2.0)]
+
+
+def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half_stopped(
+    cluster, ctrl_c_raises
+) -> None:
+    """A second Ctrl-C 0.4 s after the first, and a third while the ranks get their grace to stop:
+    they once escaped mid-way, leaving rank 1 out of the group and rank 0 still blocked (the next
+    cell hung). Now they are held off until the ranks stopped, and the call ends with one error."""
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    cluster.run("kept = rank + 100")
+    cell = (
+        "import time\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n"
+        "else:\n    while True:\n        time.sleep(0.02)"
+    )
+    timers = [threading.Timer(at, _thread.interrupt_main) for at in (1.0, 1.4, 3.0)]
+    for timer in timers:
+        timer.start()
+    err = io.StringIO()
+    try:
+        with pytest.raises(RemoteCellError) as info, contextlib.redirect_stderr(err):
+            cluster.run(cell)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert "rank 0 kept waiting in a collective" in str(info.value)
+    assert "still stopping the ranks (a few seconds): no need to interrupt again" in err.getvalue()
+    assert [row["info"].state for row in cluster._live_group().states()] == ["idle", "idle"]
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(100, 2.0), (101, 2.0)]
 
 
 def test_profile_gathers_one_trace_per_rank(cluster) -> None:

@@ -146,12 +146,12 @@ def test_wrong_token_and_unreachable_head_fail_fast_with_clear_messages(multihos
 def test_the_right_token_after_a_wrong_one_connects_every_time(multihost: MultiHostBed) -> None:
     """Issue 32/6: the right token after a wrong one failed once in two tries with the head's
     proxier traceback (psutil.ZombieProcess in start_specific_server); a session the proxier fails
-    to start is now tried again with a fresh client. Three rounds in a fresh process (host 3)."""
+    to start is now tried again with a fresh client. Two rounds in a fresh process (host 3)."""
     code = f"""
 import time
 import nbtoolkit as nbt
 from nbtoolkit.errors import ClusterError
-for round in range(3):
+for round in range(2):
     try:
         nbt.Cluster.connect({multihost.client_address!r}, token="not-the-token", ranks=1)
     except ClusterError as exc:
@@ -166,8 +166,8 @@ for round in range(3):
     cl.close()
 """
     out = multihost.python(3, code, timeout=300).stdout
-    assert out.count("WRONG True") == 3, out
-    assert out.count("RIGHT [0]") == 3, out
+    assert out.count("WRONG True") == 2, out
+    assert out.count("RIGHT [0]") == 2, out
 
 
 def test_a_version_mismatch_names_both_sides(multihost: MultiHostBed) -> None:
