@@ -97,7 +97,11 @@ def place_bundles(
     if name is not None:
         options.update(name=_group_name(name), lifetime="detached")
     group = placement_group([dict(bundle) for _ in range(world_size)], **options)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    except BaseException:  # Ctrl-C while waiting: a group left behind would hold its CPUs for good
+        remove_placement_group(group)
+        raise
     if not ready:
         remove_placement_group(group)
         have = {k: v for k, v in ray.available_resources().items() if k in {"CPU", "GPU"}}

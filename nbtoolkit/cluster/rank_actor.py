@@ -13,8 +13,9 @@ Interrupting raises ``KeyboardInterrupt`` in the cell's thread with
 ``PyThreadState_SetAsyncExc``: Python delivers it at the next bytecode, so a cell looping
 in Python (or sleeping in short steps) stops at once; a cell blocked inside one long C call
 stops when that call returns. For the common case, a collective waiting for peers that
-did stop, the notebook side closes the process group on those peers, which ends the wait
-at once, and forms a new group (:meth:`nbtoolkit.cluster.ranks.RankGroup.call`).
+did stop, the notebook side closes the process group on those peers and has every rank cut
+its connections to the others (``tcp_endpoints``/``sever_peers``), which ends the wait at
+once whatever holds the group, and forms a new group (:mod:`nbtoolkit.cluster.freeing`).
 
 This module imports neither ray nor torch at import time: Ray imports it on each worker.
 """
@@ -377,8 +378,10 @@ class RankActor:
             sys.stderr = _SinkStream(self._sink, "stderr")
             try:
                 value = shippable(work(), max_result_bytes)
-            except KeyboardInterrupt:
-                error = "KeyboardInterrupt: the cell was interrupted"
+            except KeyboardInterrupt as exc:  # ours (interrupt()), or one the cell raised itself
+                error = "KeyboardInterrupt: the cell was interrupted" if self._interrupt_sent else (
+                    _remote_traceback(exc)
+                )
             except ResultTooLarge as exc:  # the cell ran; its value stays on the rank
                 error = str(exc)
             except BaseException as exc:  # the user's exception, whatever it is, goes back as text
@@ -403,6 +406,11 @@ class RankActor:
             sys.stdout, sys.stderr = stdout, stderr
             recorder.end_cell()
             error = error or "KeyboardInterrupt: the cell was interrupted"
+        if error and self._backend and "Default process group has not been initialized" in error:
+            error += (
+                "\n(nbtoolkit: a cell destroyed this rank's process group, dist.destroy_process_group(); "
+                "run cluster.restart() for fresh ranks in a new group)"
+            )
         return self._outcome(value, error, time.perf_counter() - started)
 
     def _outcome(self, value: Any, error: str | None, elapsed_s: float) -> CellOutcome:

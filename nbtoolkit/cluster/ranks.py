@@ -11,8 +11,8 @@ duties while it waits:
   collective timeout applies), interrupt those still running, and report which rank died
   and why;
 - forward Ctrl-C: ``KeyboardInterrupt`` in the notebook interrupts the call on every rank;
-  a rank still blocked in a collective after that is freed by closing the process group
-  on the ranks that stopped, and all ranks then join a new group.
+  a rank still blocked in a collective after that is freed, and all ranks then join a new
+  group (:mod:`nbtoolkit.cluster.freeing`, which also holds off a second Ctrl-C meanwhile).
 """
 
 from __future__ import annotations
@@ -137,27 +137,31 @@ class RankGroup:
         bundle: dict[str, float] = {"CPU": 1.0}
         if use_gpus:
             bundle["GPU"] = 1.0
-        self._pg = place_bundles(world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s)
-        actor_cls = _actor_class()
+        self._pg: Any = None
+        self.actors: list[Any] = []
+        try:  # whatever stops the start (Ctrl-C included) frees what was placed: the next start has room
+            self._pg = place_bundles(
+                world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s
+            )
+            actor_cls = _actor_class()
 
-        def named(rank: int) -> dict[str, str]:
-            # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
-            return {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}
+            def named(rank: int) -> dict[str, str]:
+                # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
+                return {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}
 
-        self.actors = [
-            actor_cls.options(
-                num_cpus=1,
-                num_gpus=1 if use_gpus else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=rank
-                ),
-                max_restarts=0,
-                max_task_retries=0,
-                **named(rank),
-            ).remote(rank, world_size)
-            for rank in range(world_size)
-        ]
-        try:
+            self.actors = [
+                actor_cls.options(
+                    num_cpus=1,
+                    num_gpus=1 if use_gpus else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._pg, placement_group_bundle_index=rank
+                    ),
+                    max_restarts=0,
+                    max_task_retries=0,
+                    **named(rank),
+                ).remote(rank, world_size)
+                for rank in range(world_size)
+            ]
             infos = self._get([a.node_info.remote() for a in self.actors], start_timeout_s, "start")
             self.ranks = [_rank_info(r, i) for r, i in enumerate(infos)]
             self._form_process_group(infos[0])
@@ -381,6 +385,16 @@ class RankGroup:
                 "rank": rank,
                 "value": None,
                 "error": str(exc),
+                "output": [],
+                "elapsed_s": 0.0,
+            }
+        except ray.exceptions.RayError as exc:  # the value came but cannot be unpickled here
+            cause = str(exc).strip().splitlines()[0].removeprefix("System error: ")
+            result.outcomes[rank] = {
+                "rank": rank,
+                "value": None,
+                "error": f"the cell's value pickled on rank {rank} but cannot be unpickled in the notebook "
+                f"({cause}): return plain data (numbers, strings, lists, tensors), or repr(value)",
                 "output": [],
                 "elapsed_s": 0.0,
             }

@@ -160,7 +160,7 @@ class RemoteRun(Result):
         ]
         eventful = bool(self.interrupted or interrupted or self.dead or self.stuck)
         parts = []
-        if interrupted or (self.interrupted and not failed and not self.dead):
+        if interrupted or (self.interrupted and not failed and not self.dead and not self.stuck):
             parts.append(
                 f"interrupted ({self.interrupt_reason}) on {rank_label(interrupted)}"
                 if interrupted
@@ -190,8 +190,8 @@ class RemoteRun(Result):
             )
         if self.stuck:
             parts.append(
-                f"{rank_label(self.stuck)} did not stop and may be blocked in a collective "
-                "until its timeout: run cluster.restart() for fresh ranks"
+                f"{rank_label(self.stuck)} did not stop: blocked in a collective until its timeout, or "
+                "in one long call (C code) until it returns; run cluster.restart() for fresh ranks"
             )
         bad = sorted(set(failed) | set(self.dead) | set(self.stuck))
         if bad:

@@ -295,6 +295,51 @@ def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(100, 2.0), (101, 2.0)]
 
 
+def test_careless_cells_end_in_one_clear_error_and_the_ranks_stay_usable(cluster) -> None:
+    """A cell raising KeyboardInterrupt itself is its own error, not "interrupted"; a value that
+    pickles on the rank but not in the notebook is named (it escaped as Ray's RaySystemError)."""
+    from nbtoolkit.errors import RemoteCellError
+
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run("if rank == 1:\n    raise KeyboardInterrupt('mine')\nrank")
+    message = str(info.value)
+    assert message.startswith("the cell failed on 1 of 2 ranks\n--- rank 1 ---\nTraceback")
+    assert "KeyboardInterrupt: mine" in message and "the cell was interrupted" not in message
+    bad = "class Bad:\n    def __reduce__(self):\n        return (int, ('x',))\nBad()"
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run(bad, ranks=0)
+    unpickled = "the cell's value pickled on rank 0 but cannot be unpickled in the notebook (invalid literal"
+    assert unpickled in str(info.value)
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()") == [2.0, 2.0]
+
+
+def test_ctrl_c_during_restart_leaves_nothing_placed_and_the_next_restart_works(
+    cluster, ctrl_c_raises
+) -> None:
+    """Ctrl-C while restart() waited for its placement group left the group holding every CPU:
+    the next restart waited its whole start timeout for room."""
+    import _thread
+
+    def restart_then_wait() -> None:
+        cluster.restart()
+        time.sleep(30)  # a restart that finished before the interrupt: it lands here instead
+
+    cluster.run("x = 1")
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            restart_then_wait()
+    finally:
+        timer.cancel()
+    with pytest.raises(ClusterError, match=r"run cluster.restart\(\)"):
+        cluster.run("1")
+    started = time.monotonic()
+    cluster.restart()
+    assert time.monotonic() - started < 60  # the start timeout is 120 s
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(rank, t.item())") == [(0, 2.0), (1, 2.0)]
+
+
 def test_profile_gathers_one_trace_per_rank(cluster) -> None:
     def step() -> float:
         import torch

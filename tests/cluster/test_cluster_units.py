@@ -409,6 +409,18 @@ def test_the_interrupt_message_names_each_rank_once_finished_interrupted_or_fail
     assert late.failure_text().splitlines()[0] == (
         "the cell was stopped: interrupted (Ctrl-C) on rank 1; finished on rank 0"
     )
+    # A rank inside one long C call (time.sleep) never stops: not "after every rank had ended".
+    stuck = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={1: _outcome(1, value=1)}, stuck=[0], interrupted=True, interrupted_ranks=[0]
+        ),
+    )
+    assert stuck.failure_text() == (
+        "the cell failed on 1 of 2 ranks: finished on rank 1; rank 0 did not stop: blocked in a collective "
+        "until its timeout, or in one long call (C code) until it returns; run cluster.restart() for "
+        "fresh ranks"
+    )
     # A plain failure keeps its short head (the tracebacks name the ranks).
     plain = RemoteRun([0, 1], RankCallResult(outcomes={0: _outcome(0, "KeyError: 'k'"), 1: _outcome(1)}))
     assert plain.failure_text().splitlines()[0] == "the cell failed on 1 of 2 ranks"
