@@ -520,3 +520,39 @@ def test_a_ray_client_session_the_proxier_failed_to_start_is_tried_again_with_a_
     with pytest.raises(ClusterError, match=r"could not connect to the Ray cluster at ray://10\.0\.0\.1:10001"):
         connection.connect("ray://10.0.0.1:10001", "the-token")
     assert calls.count("ray://10.0.0.1:10001") == 1
+
+
+def test_sever_cuts_this_process_connections_to_the_peers_but_not_those_kept() -> None:
+    """The mechanism that frees a blocked gloo collective, on plain sockets: a thread blocked in
+    recv() on a connection to a "peer" endpoint wakes when the connection is cut, whoever holds it;
+    a connection to a kept endpoint (the rendezvous store) stays up."""
+    import socket
+    import threading
+
+    from nbtoolkit.cluster.peer_sockets import sever, tcp_endpoints
+
+    def pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+        server = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        return server, client, accepted
+
+    peer_server, blocked, peer_side = pair()  # "gloo": this process holds `blocked`
+    store_server, store_client, store_side = pair()  # "the store": to be kept
+    try:
+        mine = set(tcp_endpoints())
+        assert blocked.getsockname() in mine and store_client.getsockname() in mine
+        woke: list[bytes] = []
+        waiter = threading.Thread(target=lambda: woke.append(blocked.recv(1)))
+        waiter.start()
+        peers = [peer_server.getsockname(), store_server.getsockname()]
+        cut = sever(peers, keep=[store_server.getsockname()])
+        waiter.join(timeout=5)
+        assert not waiter.is_alive() and woke == [b""]  # the blocked recv returned: connection ended
+        assert cut == 1
+        store_client.sendall(b"k")
+        assert store_side.recv(1) == b"k"  # the kept connection still works
+        assert blocked.fileno() >= 0  # the descriptor is its owner's to close
+    finally:
+        for s in (peer_server, blocked, peer_side, store_server, store_client, store_side):
+            s.close()
