@@ -210,8 +210,8 @@ class RemoteRun(Result):
         """What the user must build again after a new group formed (named by the ranks), or nothing."""
         if not self.rebuild:
             return (
-                "; the new group is the default one, and objects made on the old group since "
-                "(dist.new_group subgroups held elsewhere) must be made again"
+                "; nothing among them was built on the old group, but anything kept out of sight (a DDP "
+                "model or a subgroup inside a list or an object) must be built again"
             )
         named = "; ".join(
             f"{name} ({kind}): " + REBUILD_HINTS.get(kind, "build it again").format(name=name)

@@ -257,7 +257,7 @@ def test_the_message_after_freeing_a_blocked_rank_says_whether_a_new_group_forme
     outcome = {"rank": 0, "value": None, "error": "KeyboardInterrupt: the cell was interrupted", "output": []}
     formed = RemoteRun([0, 1], RankCallResult(outcomes={0: outcome}, freed=[0], interrupted=True))
     assert "rank 0 kept waiting in a collective" in formed.failure_text()
-    assert "formed a new one" in formed.failure_text() and "must be made again" in formed.failure_text()
+    assert "formed a new one" in formed.failure_text() and "must be built again" in formed.failure_text()
     failed = RemoteRun(
         [0, 1],
         RankCallResult(outcomes={0: outcome}, freed=[0], regroup_error="port in use", interrupted=True),
