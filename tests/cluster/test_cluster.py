@@ -295,6 +295,34 @@ def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(100, 2.0), (101, 2.0)]
 
 
+def test_ctrl_c_frees_a_rank_blocked_in_ddps_own_allreduce_in_backward(cluster, ctrl_c_raises) -> None:
+    """Rank 1 skips a training step: rank 0 waits in the allreduce DDP's reducer starts during
+    backward (inside autograd's C++ engine, no Python frame to interrupt). Ctrl-C frees it long
+    before the 60 s collective timeout; the DDP model built again trains on the new group."""
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "ddp = DDP(torch.nn.Linear(4, 4)); steps = 0")
+    skip = "if rank == 0:\n    ddp(torch.ones(2, 4)).sum().backward(); steps += 1\nelse:\n    pass  # skipped"
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(RemoteCellError) as info:
+            cluster.run(skip, hang_after_s=0)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 20
+    head = str(info.value).splitlines()[0]
+    assert "interrupted (Ctrl-C) on rank 0; finished on rank 1; rank 0 kept waiting in a collective" in head
+    assert "ddp (DistributedDataParallel): wrap its module again, ddp = DDP(ddp.module)" in head
+    again = "ddp = DDP(ddp.module)\nddp(torch.ones(2, 4)).sum().backward(); steps += 1\nsteps"
+    assert cluster.run(again) == [1, 1]
+    cluster.run("del ddp")
+
+
 def test_careless_cells_end_in_one_clear_error_and_the_ranks_stay_usable(cluster) -> None:
     """A cell raising KeyboardInterrupt itself is its own error, not "interrupted"; a value that
     pickles on the rank but not in the notebook is named (it escaped as Ray's RaySystemError)."""
