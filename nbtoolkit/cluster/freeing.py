@@ -108,6 +108,7 @@ def free_stuck(
             rank0 = group._get([group.actors[0].node_info.remote()], group._start_timeout_s, "find a port")
             joined = group._form_process_group(rank0[0])
             result.rebuild = sorted({tuple(h) for j in joined for h in j.get("holders", [])})
+            result.rebound = sorted({name for j in joined for name in j.get("rebound", [])})
         except ClusterError as exc:
             result.regroup_error = str(exc)
             for r in others + freed:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["forget_cached_groups", "group_holders"]
+__all__ = ["forget_cached_groups", "group_holders", "rebind_ddp", "rebind_fsdp2"]
 
 def _kind(value: Any, dist: Any, ddp: type, world_size: int) -> str | None:
     if isinstance(value, ddp):
@@ -108,3 +108,31 @@ def rebind_fsdp2(namespace: dict[str, Any]) -> list[tuple[str, str]]:
         except Exception:  # a version of FSDP2 laid out otherwise: the user is told to build it again
             left.append((name, "FSDP2 model"))
     return left
+
+
+def rebind_ddp(
+    namespace: dict[str, Any], holders: list[tuple[str, str]], old_world_id: int | None
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Move the DDP models built on the old world group to the new one; (holders left, names moved).
+
+    DDP's own ``_update_process_group`` (torch's way to shrink or grow a DDP job without building
+    it again) resets the reducer's state (an interrupted backward leaves it mid-iteration) and
+    points it at the new group. A DDP model on a subgroup, or a torch without that method, stays
+    in ``holders`` for the message.
+    """
+    import torch.distributed as dist
+
+    left, moved = [], []
+    for name, kind in holders:
+        value = namespace.get(name)
+        group = getattr(value, "process_group", None)
+        if kind == "DistributedDataParallel" and old_world_id is not None and id(group) == old_world_id:
+            try:
+                value._update_process_group(dist.group.WORLD)  # type: ignore[union-attr]
+            except Exception:  # an older torch (no such method): the user is told to wrap it again
+                left.append((name, kind))
+                continue
+            moved.append(name)
+        else:
+            left.append((name, kind))
+    return left, moved

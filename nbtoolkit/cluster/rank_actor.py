@@ -209,6 +209,7 @@ class RankActor:
         self._device = "cpu"
         self._master: str | None = None  # the process group's rendezvous (host:port)
         self._timeout_s: float | None = None  # its collective timeout
+        self._world_id: int | None = None  # id() of the world group this rank formed last
 
     # ---- setup ----
     def node_info(self) -> dict[str, Any]:
@@ -286,14 +287,17 @@ class RankActor:
 
         hang_recorder.install()  # note each collective a cell calls (for the hang diagnosis)
         hang_recorder.recorder.reset_groups()
-        if regroup:  # FSDP2 models follow the new group; what cannot is named
-            from nbtoolkit.cluster.group_holders import rebind_fsdp2
+        rebound: list[str] = []
+        if regroup:  # DDP and FSDP2 models follow the new group; what cannot is named
+            from nbtoolkit.cluster.group_holders import rebind_ddp, rebind_fsdp2
 
+            holders, rebound = rebind_ddp(self.namespace, holders, self._world_id)
             holders += rebind_fsdp2(self.namespace)
+        self._world_id = id(dist.group.WORLD)  # (an id, not a reference: that would keep it open)
         self._backend = backend
         self._master, self._timeout_s = f"{master_addr}:{master_port}", timeout_s
         self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
-        return {"backend": backend, "device": self._device, "holders": holders}
+        return {"backend": backend, "device": self._device, "holders": holders, "rebound": rebound}
 
     @staticmethod
     def _node_ip() -> str:

@@ -82,6 +82,7 @@ class RankCallResult:
     freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
     regroup_error: str | None = None  # why no new process group could be formed after freeing them
     rebuild: list[tuple[str, str]] = field(default_factory=list)  # (variable, kind) still on the old group
+    rebound: list[str] = field(default_factory=list)  # DDP variables moved to the new group for the user
     interrupted: bool = False
     interrupt_reason: str = "Ctrl-C"  # what interrupted the call (the hang detector's stop says so)
     interrupted_ranks: list[int] = field(default_factory=list)  # ranks still running when it came
@@ -125,6 +126,7 @@ class RemoteRun(Result):
         self.interrupted = raw.interrupted
         self.interrupt_reason = raw.interrupt_reason
         self.rebuild = [tuple(h) for h in raw.rebuild]
+        self.rebound = list(raw.rebound)
         # A rank the interrupt reached before it finished: its error is the interrupt (or, for a
         # rank freed from a collective, the closed connection), not a failure of its own.
         sent = set(raw.interrupted_ranks or (ranks if raw.interrupted else ()))
@@ -208,10 +210,18 @@ class RemoteRun(Result):
 
     def _rebuild_text(self) -> str:
         """What the user must build again after a new group formed (named by the ranks), or nothing."""
+        moved = ""
+        if self.rebound:
+            names = ", ".join(repr(name) for name in self.rebound)
+            plural = "s" if len(self.rebound) > 1 else ""
+            moved = f"; nbtoolkit moved the DDP model{plural} {names} to the new group"
+        return moved + self._left_text()
+
+    def _left_text(self) -> str:
         if not self.rebuild:
             return (
-                "; nothing among them was built on the old group, but anything kept out of sight (a DDP "
-                "model or a subgroup inside a list or an object) must be built again"
+                "; none of them needs building again (a DDP model or a subgroup kept inside a list or "
+                "an object would: it must be built again)"
             )
         named = "; ".join(
             f"{name} ({kind}): " + REBUILD_HINTS.get(kind, "build it again").format(name=name)

@@ -441,6 +441,22 @@ def test_the_message_after_a_new_group_names_the_variables_to_build_again() -> N
     assert "Every rank kept its variables, but these were built on the old group" in text
     assert "net (DistributedDataParallel): wrap its module again, net = DDP(net.module)" in text
     assert "engine (DeepSpeedEngine): call deepspeed.initialize again with model=engine.module" in text
+    # DDP models on the world group are moved for the user: said, and nothing left to build.
+    moved = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            rebound=["model"],
+        ),
+    )
+    assert moved.failure_text().splitlines()[0].endswith(
+        "formed a new one. Every rank kept its variables; nbtoolkit moved the DDP model 'model' to the new "
+        "group; none of them needs building again (a DDP model or a subgroup kept inside a list or an "
+        "object would: it must be built again)"
+    )
 
 
 def test_a_local_cluster_too_big_for_the_machine_fails_at_once_naming_the_limit(monkeypatch) -> None:

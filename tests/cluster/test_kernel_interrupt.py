@@ -125,15 +125,19 @@ def test_kernel_interrupt_frees_a_rank_blocked_in_a_collective(kernel_with_clust
 # stayed open (their references kept gloo's connections) and Ctrl-C could not free rank 0.
 HOLDERS = {
     "ddp": (
-        ("from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "torch.manual_seed(0)\n"
-        "model = DDP(torch.nn.Linear(8, 8))\n"
-        "model(torch.ones(2, 8)).sum().backward()\n"),
-        # after: built again on the new group, as the message says
-        ("model = DDP(model.module)\n"
-        "model(torch.ones(2, 8)).sum().backward()\n"
-        "kept = model.module.weight.grad.sum().item()\n"),
-        "model (DistributedDataParallel): wrap its module again, model = DDP(model.module)",
+        (
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "torch.manual_seed(0)\n"
+            "model = DDP(torch.nn.Linear(8, 8))\n"
+            "model(torch.ones(2, 8)).sum().backward()\n"
+        ),
+        # after: the same DDP model trains on (nbtoolkit moved it to the new group)
+        (
+            "model.zero_grad()\n"
+            "model(torch.randn(2, 8, generator=torch.Generator().manual_seed(rank))).sum().backward()\n"
+            "kept = model.module.weight.grad.sum().item()\n"
+        ),
+        "nbtoolkit moved the DDP model 'model' to the new group; none of them needs building again",
     ),
     "deepspeed": (
         ("import deepspeed\n"
@@ -194,7 +198,7 @@ def test_kernel_interrupt_frees_a_blocked_rank_while_a_model_holds_the_group(
     if named:
         assert named in head
     else:  # the FSDP2 model follows the new group: nothing to build again
-        assert "built on the old group" not in head
+        assert "built on the old group" not in head and "none of them needs building again" in head
     # The ranks kept their variables, the model (re)built as told trains, and a collective works.
     checked = kernel_with_cluster.run(
         "%%nbt remote\n" + after + "t = torch.ones(1)\ndist.all_reduce(t)\n"
