@@ -1,19 +1,22 @@
 """On each rank: what still holds the closed process group after the ranks formed a new one.
 
 When Ctrl-C frees a rank blocked in a collective, the ranks leave their process group and form
-a new one, keeping their namespaces (:meth:`nbtoolkit.cluster.ranks.RankGroup.call`). Objects
-built on the old group keep a reference to it and would fail at their next collective:
+a new one, keeping their namespaces (:mod:`nbtoolkit.cluster.freeing`). Objects built on the
+old group keep a reference to it and would fail at their next collective:
 
-- a ``DistributedDataParallel`` model (its C++ reducer holds the group object);
+- a ``DistributedDataParallel`` model (its C++ reducer holds the group object): one on the world
+  group is moved to the new group for the user (:func:`rebind_ddp`, DDP's own
+  ``_update_process_group``); one on a subgroup is named;
 - a DeepSpeed engine (its data-parallel group is a clone of the world group; DeepSpeed caches
   that clone, :func:`forget_cached_groups` drops the cache so a new engine uses the new group);
 - a process group or device mesh the cell made with ``dist.new_group`` / ``init_device_mesh``
-  over part of the ranks.
+  over part of the ranks;
+- an FSDP2 model (``fully_shard``) resolves its group object once; over every rank its device
+  mesh names the world group, whose name the new group takes (torch restarts the count when the
+  world group is destroyed), so :func:`rebind_fsdp2` asks the mesh again and it goes on working.
 
-An FSDP2 model (``fully_shard``) over every rank is not among them: its device mesh finds its
-group by name, and the new world group has the old one's name (torch restarts the count when
-the world group is destroyed), so it goes on working. :func:`group_holders` names the others
-for the notebook's message (what to do with each: ``REBUILD_HINTS`` in :mod:`nbtoolkit.model.cluster`).
+:func:`group_holders` finds the top-level variables among these; what cannot be moved is named
+in the notebook's message (what to do with each: ``REBUILD_HINTS`` in :mod:`nbtoolkit.model.cluster`).
 Imports torch only inside functions.
 """
 
