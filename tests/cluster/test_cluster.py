@@ -196,7 +196,12 @@ def test_a_value_past_max_result_bytes_is_refused_naming_the_limit_and_the_rank_
         with pytest.raises(RemoteCellError, match=r"more than max_result_bytes \(100 B\)"):
             cluster.run("'x' * 101")
         assert cluster.run("'x' * 100") == ["x" * 100] * 2
+        # fetch brings files back under its own cap (max_bytes), not the cell-value limit.
+        cluster.run("open(f'/tmp/nbt-cap-{rank}.bin', 'wb').write(bytes(5000))")
+        fetched = cluster.fetch("/tmp/nbt-cap-{rank}.bin")
+        assert [p.stat().st_size for p in fetched] == [5000, 5000]
     finally:
+        cluster.run("import pathlib\npathlib.Path(f'/tmp/nbt-cap-{rank}.bin').unlink(missing_ok=True)")
         cluster.max_result_bytes = RESULT_MAX_BYTES
     with pytest.raises(NbtUsageError, match="max_result_bytes must be a positive number of bytes"):
         cluster.run("1", max_result_bytes=0)
