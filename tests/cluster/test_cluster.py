@@ -332,6 +332,24 @@ def test_ctrl_c_frees_a_rank_blocked_in_ddps_own_allreduce_in_backward(cluster, 
     cluster.run("del ddp")
 
 
+def test_stop_on_hang_stops_a_skipped_ddp_step_and_the_model_trains_on(cluster, capsys) -> None:
+    """The same skipped step with the hang detector: rank 0 in backward, rank 1 finished, is a hang
+    (it was taken for a long step and waited out the 60 s collective timeout)."""
+    cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "net = DDP(torch.nn.Linear(4, 4))")
+    skip = "if rank == 0:\n    net(torch.ones(2, 4)).sum().backward()"
+    started = time.monotonic()
+    result = cluster.execute(skip, hang_after_s=3, on_hang="interrupt")
+    assert time.monotonic() - started < 20
+    out = capsys.readouterr().out
+    assert "=> rank 0 waits in backward at cell line 2" in out and "rank 1 finished the cell" in out
+    assert result.interrupted and result.freed == [0] and result.rebound == ["net"]
+    step = "net.zero_grad()\nnet(torch.ones(2, 4)).sum().backward()\nnet.module.bias.grad.tolist()"
+    trained = cluster.run(step)
+    assert trained == [[2.0] * 4] * 2
+    cluster.run("del net")
+
+
 def test_careless_cells_end_in_one_clear_error_and_the_ranks_stay_usable(cluster) -> None:
     """A cell raising KeyboardInterrupt itself is its own error, not "interrupted"; a value that
     pickles on the rank but not in the notebook is named (it escaped as Ray's RaySystemError)."""
