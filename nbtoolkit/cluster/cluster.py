@@ -120,10 +120,11 @@ class Cluster(ClusterTransfer, Result):
         places the ranks (see :meth:`connect`).
         """
         from nbtoolkit.cluster.connection import attach_local
-        from nbtoolkit.cluster.placement import parse_strategy
+        from nbtoolkit.cluster.placement import check_local_room, parse_strategy
 
         world_size = rank_count(ranks)
         parse_strategy(strategy)
+        check_local_room(world_size)
         num_gpus = None if gpus is None else (world_size if gpus else 0)
         attachment = attach_local(
             num_cpus=world_size, num_gpus=num_gpus, object_store_bytes=object_store_mb * 1024 * 1024

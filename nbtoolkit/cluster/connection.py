@@ -31,6 +31,7 @@ import contextlib
 import os
 import secrets
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ _PROBE_TIMEOUT_S = 5.0
 #: The Ray namespace of the rank actors of connected clusters (named ranks are found there).
 RANK_NAMESPACE = "nbtoolkit"
 _START_ATTEMPTS = 2
+#: Tries of a Ray Client connect whose session the head's proxier failed to start, and the pause between.
+_CLIENT_SESSION_ATTEMPTS = 3
+_CLIENT_RETRY_PAUSE_S = 1.0
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 # One token per notebook process for the clusters it starts: Ray's C++ side caches the token,
@@ -290,7 +294,8 @@ def connect(address: str, token: str | None) -> Attachment:
             "Cluster (or `%nbt cluster stop`) before connecting to another one"
         )
     saved = _set_token_env(token)
-    for attempt in range(_START_ATTEMPTS):
+    attempts = _CLIENT_SESSION_ATTEMPTS if client else 1
+    for attempt in range(attempts):
         try:
             ray.init(
                 address=address,
@@ -300,13 +305,20 @@ def connect(address: str, token: str | None) -> Attachment:
             )
             break
         except Exception as exc:
-            # The Ray Client server starts one driver process per client on the head; on a busy
-            # head that start can time out ("Starting Ray client server failed"): try once more.
-            if client and "client server failed" in str(exc) and attempt < _START_ATTEMPTS - 1:
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
+            # The Ray Client server starts one server process per client on the head. That start
+            # fails now and then: it times out on a busy head ("Starting Ray client server
+            # failed"), or the new process exits while the proxier looks at it (psutil's
+            # ZombieProcess in start_specific_server, seen after a rejected token). A new
+            # ray.init is a new client with a fresh client id and a fresh server process.
+            session_failed = client and _client_session_failed(str(exc))
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if session_failed and attempt < attempts - 1:
+                time.sleep(_CLIENT_RETRY_PAUSE_S)
                 continue
             _restore_env(saved)
+            if session_failed:
+                raise ClusterError(_client_session_failure(address, exc, attempts)) from None
             raise ClusterError(_connect_failure(address, exc)) from None
     if client:
         _remember_client(address)
@@ -328,6 +340,24 @@ def _is_client() -> bool:
 
         return bool(client_ray.is_connected())
     return False
+
+
+def _client_session_failed(text: str) -> bool:
+    """Whether a Ray Client connect failed while the head's proxier started this client's server."""
+    return "Initialization failure from server" in text or "client server failed" in text
+
+
+def _client_session_failure(address: str, exc: BaseException, attempts: int) -> str:
+    """One message for a proxier that failed every try: its last line, never its traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = lines[-1] if lines else type(exc).__name__
+    said = said if len(said) <= 200 else said[:200] + "…"
+    return (
+        f"the Ray Client server at {address} accepted the token but failed to start a session for this "
+        f"notebook, {attempts} times (its last words: {said}). Connect again in a few seconds; if it "
+        "keeps failing, restart Ray on the head node (`ray stop`, then `ray start --head ...`) and read "
+        "ray_client_server*.err in its /tmp/ray/session_latest/logs."
+    )
 
 
 def _connect_failure(address: str, exc: BaseException) -> str:

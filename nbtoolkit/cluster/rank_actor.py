@@ -13,8 +13,9 @@ Interrupting raises ``KeyboardInterrupt`` in the cell's thread with
 ``PyThreadState_SetAsyncExc``: Python delivers it at the next bytecode, so a cell looping
 in Python (or sleeping in short steps) stops at once; a cell blocked inside one long C call
 stops when that call returns. For the common case, a collective waiting for peers that
-did stop, the notebook side closes the process group on those peers, which ends the wait
-at once, and forms a new group (:meth:`nbtoolkit.cluster.ranks.RankGroup.call`).
+did stop, the notebook side closes the process group on those peers and has every rank cut
+its connections to the others (``tcp_endpoints``/``sever_peers``), which ends the wait at
+once whatever holds the group, and forms a new group (:mod:`nbtoolkit.cluster.freeing`).
 
 This module imports neither ray nor torch at import time: Ray imports it on each worker.
 """
@@ -96,37 +97,6 @@ class _SinkStream(io.TextIOBase):
 
     def isatty(self) -> bool:
         return False
-
-
-class _Unshippable:
-    """Stands in for a cell value that cannot be pickled back to the notebook."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _shippable(value: Any) -> Any:
-    """The value itself if it pickles, else a stand-in showing its repr."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    try:
-        from ray import cloudpickle  # the pickler Ray ships results with
-
-        cloudpickle.dumps(value)
-    except Exception as exc:  # any pickling failure: send the repr instead
-        return _Unshippable(f"{_safe_repr(value)}  (not picklable: {type(exc).__name__})")
-    return value
-
-
-def _safe_repr(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not break the cell's result
-        text = f"<{type(value).__name__} (repr failed: {exc!r})>"
-    return text if len(text) <= 2000 else text[:2000] + "…"
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -239,6 +209,7 @@ class RankActor:
         self._device = "cpu"
         self._master: str | None = None  # the process group's rendezvous (host:port)
         self._timeout_s: float | None = None  # its collective timeout
+        self._world_id: int | None = None  # id() of the world group this rank formed last
 
     # ---- setup ----
     def node_info(self) -> dict[str, Any]:
@@ -295,7 +266,14 @@ class RankActor:
         if backend == "nccl":
             torch.cuda.set_device(0)
             self._device = "cuda:0"
-        if dist.is_initialized():  # forming a new group after the old one was closed or broke
+        holders: list[tuple[str, str]] = []
+        regroup = self._backend is not None  # a new group after the old one was closed or broke
+        if regroup:  # (shutdown_group may have destroyed the old one already)
+            from nbtoolkit.cluster.group_holders import forget_cached_groups, group_holders
+
+            holders = group_holders(self.namespace, self.world_size)  # named to the user
+            forget_cached_groups()
+        if dist.is_initialized():
             with contextlib.suppress(Exception):  # whatever state the old group is in, leave it
                 dist.destroy_process_group()
         dist.init_process_group(
@@ -309,10 +287,17 @@ class RankActor:
 
         hang_recorder.install()  # note each collective a cell calls (for the hang diagnosis)
         hang_recorder.recorder.reset_groups()
+        rebound: list[str] = []
+        if regroup:  # DDP and FSDP2 models follow the new group; what cannot is named
+            from nbtoolkit.cluster.group_holders import rebind_ddp, rebind_fsdp2
+
+            holders, rebound = rebind_ddp(self.namespace, holders, self._world_id)
+            holders += rebind_fsdp2(self.namespace)
+        self._world_id = id(dist.group.WORLD)  # (an id, not a reference: that would keep it open)
         self._backend = backend
         self._master, self._timeout_s = f"{master_addr}:{master_port}", timeout_s
         self.namespace.update({"torch": torch, "dist": dist, "device": torch.device(self._device)})
-        return {"backend": backend, "device": self._device}
+        return {"backend": backend, "device": self._device, "holders": holders, "rebound": rebound}
 
     @staticmethod
     def _node_ip() -> str:
@@ -321,7 +306,7 @@ class RankActor:
         return str(ray.util.get_node_ip_address())
 
     # ---- running code ----
-    def run_cell(self, source: str) -> CellOutcome:
+    def run_cell(self, source: str, max_result_bytes: int | None = None) -> CellOutcome:
         """Run a cell's source in the rank's namespace; its last expression is the value."""
         try:
             body, tail = compile_cell(source)
@@ -332,13 +317,17 @@ class RankActor:
             exec(body, self.namespace)  # noqa: S102 - running the user's cell is the point
             return eval(tail, self.namespace) if tail is not None else None  # noqa: S307 - same
 
-        return self._run(cell, source)
+        return self._run(cell, source, max_result_bytes)
 
     def run_function(
-        self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        max_result_bytes: int | None = None,
     ) -> CellOutcome:
         """Call a function (shipped from the notebook) on this rank."""
-        return self._run(lambda: fn(*args, **(kwargs or {})))
+        return self._run(lambda: fn(*args, **(kwargs or {})), None, max_result_bytes)
 
     def run_tool(self, module: str, name: str, payload: Any, kwargs: dict[str, Any]) -> CellOutcome:
         """Call ``module.name(step, **kwargs)`` where step runs the payload (a cell or a function).
@@ -373,8 +362,11 @@ class RankActor:
 
         return cell
 
-    def _run(self, work: Callable[[], Any], source: str | None = None) -> CellOutcome:
+    def _run(
+        self, work: Callable[[], Any], source: str | None = None, max_result_bytes: int | None = None
+    ) -> CellOutcome:
         from nbtoolkit.cluster.hang_recorder import recorder
+        from nbtoolkit.cluster.shipping import ResultTooLarge, shippable
 
         started = time.perf_counter()
         stdout, stderr = sys.stdout, sys.stderr
@@ -389,9 +381,13 @@ class RankActor:
             sys.stdout = _SinkStream(self._sink, "stdout")
             sys.stderr = _SinkStream(self._sink, "stderr")
             try:
-                value = _shippable(work())
-            except KeyboardInterrupt:
-                error = "KeyboardInterrupt: the cell was interrupted"
+                value = shippable(work(), max_result_bytes)
+            except KeyboardInterrupt as exc:  # ours (interrupt()), or one the cell raised itself
+                error = "KeyboardInterrupt: the cell was interrupted" if self._interrupt_sent else (
+                    _remote_traceback(exc)
+                )
+            except ResultTooLarge as exc:  # the cell ran; its value stays on the rank
+                error = str(exc)
             except BaseException as exc:  # the user's exception, whatever it is, goes back as text
                 error = _remote_traceback(exc)
             finally:
@@ -414,6 +410,11 @@ class RankActor:
             sys.stdout, sys.stderr = stdout, stderr
             recorder.end_cell()
             error = error or "KeyboardInterrupt: the cell was interrupted"
+        if error and self._backend and "Default process group has not been initialized" in error:
+            error += (
+                "\n(nbtoolkit: a cell destroyed this rank's process group, dist.destroy_process_group(); "
+                "run cluster.restart() for fresh ranks in a new group)"
+            )
         return self._outcome(value, error, time.perf_counter() - started)
 
     def _outcome(self, value: Any, error: str | None, elapsed_s: float) -> CellOutcome:
@@ -438,6 +439,22 @@ class RankActor:
             dist.destroy_process_group()
 
     # ---- control group: answers while a cell runs ----
+    def tcp_endpoints(self) -> list[tuple[str, int]]:
+        """This process's TCP endpoints (see :mod:`nbtoolkit.cluster.peer_sockets`)."""
+        from nbtoolkit.cluster.peer_sockets import tcp_endpoints
+
+        return tcp_endpoints()
+
+    def sever_peers(self, peers: list[tuple[str, int]]) -> int:
+        """Cut this rank's connections to the other ranks (not the store's): a blocked collective fails."""
+        from nbtoolkit.cluster.peer_sockets import sever
+
+        keep = []
+        if self._master:
+            host, _, port = self._master.rpartition(":")
+            keep.append((host, int(port)))
+        return sever(peers, keep)
+
     def take_output(self) -> list[tuple[str, str]]:
         return self._sink.take()
 

@@ -11,8 +11,8 @@ duties while it waits:
   collective timeout applies), interrupt those still running, and report which rank died
   and why;
 - forward Ctrl-C: ``KeyboardInterrupt`` in the notebook interrupts the call on every rank;
-  a rank still blocked in a collective after that is freed by closing the process group
-  on the ranks that stopped, and all ranks then join a new group.
+  a rank still blocked in a collective after that is freed, and all ranks then join a new
+  group (:mod:`nbtoolkit.cluster.freeing`, which also holds off a second Ctrl-C meanwhile).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _with_control_group(cls: type) -> type:
     import ray
 
     namespace: dict[str, Any] = {}
-    for name in ("take_output", "state", "interrupt", "poll", "hang_state"):
+    for name in ("take_output", "state", "interrupt", "poll", "hang_state", "tcp_endpoints", "sever_peers"):
         method = getattr(cls, name)
 
         def make(method: Any) -> Any:
@@ -137,27 +137,31 @@ class RankGroup:
         bundle: dict[str, float] = {"CPU": 1.0}
         if use_gpus:
             bundle["GPU"] = 1.0
-        self._pg = place_bundles(world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s)
-        actor_cls = _actor_class()
+        self._pg: Any = None
+        self.actors: list[Any] = []
+        try:  # whatever stops the start (Ctrl-C included) frees what was placed: the next start has room
+            self._pg = place_bundles(
+                world_size, bundle, strategy=strategy, name=name, timeout_s=start_timeout_s
+            )
+            actor_cls = _actor_class()
 
-        def named(rank: int) -> dict[str, str]:
-            # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
-            return {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}
+            def named(rank: int) -> dict[str, str]:
+                # Named ranks are detached: they outlive this process (a kernel restart re-attaches).
+                return {"name": rank_actor_name(name, rank), "lifetime": "detached"} if name else {}
 
-        self.actors = [
-            actor_cls.options(
-                num_cpus=1,
-                num_gpus=1 if use_gpus else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=rank
-                ),
-                max_restarts=0,
-                max_task_retries=0,
-                **named(rank),
-            ).remote(rank, world_size)
-            for rank in range(world_size)
-        ]
-        try:
+            self.actors = [
+                actor_cls.options(
+                    num_cpus=1,
+                    num_gpus=1 if use_gpus else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._pg, placement_group_bundle_index=rank
+                    ),
+                    max_restarts=0,
+                    max_task_retries=0,
+                    **named(rank),
+                ).remote(rank, world_size)
+                for rank in range(world_size)
+            ]
             infos = self._get([a.node_info.remote() for a in self.actors], start_timeout_s, "start")
             self.ranks = [_rank_info(r, i) for r, i in enumerate(infos)]
             self._form_process_group(infos[0])
@@ -182,7 +186,7 @@ class RankGroup:
                 info.state = "busy"  # still running a cell the previous kernel started
         return group
 
-    def _form_process_group(self, rank0_info: dict[str, Any]) -> None:
+    def _form_process_group(self, rank0_info: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank joins one torch.distributed group; rendezvous on rank 0's node and free port."""
         master_addr, master_port = rank0_info["ip"], rank0_info["free_port"]
         hosts = {info.ip for info in self.ranks}
@@ -191,7 +195,7 @@ class RankGroup:
                 f"rank 0's node calls itself {master_addr}, which ranks on the other nodes ({sorted(hosts)}) "
                 "cannot reach: start that node's Ray with --node-ip-address set to an address they reach"
             )
-        self._get(
+        joined = self._get(
             [
                 a.setup_process_group.remote(
                     master_addr, master_port, self.backend, self.collective_timeout_s
@@ -202,6 +206,7 @@ class RankGroup:
             "join the torch.distributed group",
         )
         self.master = f"{master_addr}:{master_port}"
+        return joined
 
     def _get(self, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
         import ray
@@ -246,17 +251,24 @@ class RankGroup:
         try:
             self._wait(refs, result, on_output, watch)
         except KeyboardInterrupt as exc:
+            from nbtoolkit.cluster.freeing import free_stuck, interrupts_deferred
             from nbtoolkit.cluster.hang_watch import StopOnHang, note_interrupt
 
-            if isinstance(exc, StopOnHang):
-                result.interrupt_reason = "after the hang diagnosis"
-            else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
-                note_interrupt(self)
-            result.interrupted = True
-            self._interrupt([refs[ref] for ref in refs if refs[ref] not in result.outcomes])
-            self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
-            if result.stuck and not result.dead:
-                self._free_stuck(refs, result, on_output)
+            # Stopping takes seconds (the grace, freeing, a new group): a second Ctrl-C meanwhile
+            # must not leave the ranks half stopped, some in the old group and some in none.
+            with interrupts_deferred():
+                if isinstance(exc, StopOnHang):
+                    result.interrupt_reason = "after the hang diagnosis"
+                else:  # where each rank was when the user pressed Ctrl-C: for hang_report() after
+                    note_interrupt(self)
+                result.interrupted = True
+                gone = {f.rank for f in result.dead}
+                running = [r for r in refs.values() if r not in result.outcomes and r not in gone]
+                result.interrupted_ranks = sorted(set(result.interrupted_ranks) | set(running))
+                self._interrupt(running)
+                self._wait_after(refs, result, on_output, _INTERRUPT_GRACE_S)
+                if result.stuck and not result.dead:
+                    free_stuck(self, refs, result, on_output)
         finally:
             for r in ranks:
                 if self.ranks[r].state == "busy":
@@ -296,11 +308,16 @@ class RankGroup:
             self._collect_ready(ready, refs, result)
             if not pending:
                 break
+            if ready and on_output is not None:  # a rank that finished shows its output now, not at the end
+                self._flush_outcomes(result, on_output)
             if result.dead:
                 if dead_since is None:
                     dead_since = time.monotonic()
                 elif time.monotonic() - dead_since > _DEAD_RANK_GRACE_S:
                     # The others are waiting on the dead rank: stop them now.
+                    result.interrupted_ranks = sorted({refs[ref] for ref in pending})
+                    died = ", ".join(str(f.rank) for f in result.dead)
+                    result.interrupt_reason = f"after rank {died} died"
                     self._interrupt([refs[ref] for ref in pending])
                     self._wait_after(
                         {ref: refs[ref] for ref in pending}, result, on_output, _INTERRUPT_GRACE_S
@@ -338,61 +355,6 @@ class RankGroup:
         if on_output is not None:
             self._flush_outcomes(result, on_output)
 
-    def _free_stuck(
-        self, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None
-    ) -> None:
-        """Free the ranks an interrupt could not stop, then give every rank a fresh process group.
-
-        A rank that does not stop when interrupted is nearly always blocked in a collective
-        whose peers did stop (the interrupt reached them in Python code). Gloo fails such a
-        wait at once when a peer closes its connections ("Connection closed by peer"), so
-        the ranks that stopped leave the process group; the blocked ranks' cells then end
-        and all ranks join a new group, keeping their namespaces. (Gloo's own ``abort()`` on
-        the blocked rank does not end the wait: measured, it returned only when the peer
-        exited.) A rank blocked in something else, such as one long C call, stays stuck.
-        """
-        import ray
-
-        stuck = list(result.stuck)
-        others = [r for r in range(self.world_size) if r not in stuck and self.ranks[r].state != "dead"]
-        # Rounds: a blocked rank may wait on peers that are blocked too (gloo's ring: rank 3 waits
-        # on ranks 2 and 0, not on rank 1 that stopped). Each round closes the group on the ranks
-        # that stopped last; the ranks this frees close theirs in the next round.
-        closing, freed = others, []
-        pending = {ref: rank for ref, rank in refs.items() if rank in stuck}
-        while closing and pending:
-            with contextlib.suppress(ClusterError):
-                self._get(
-                    [self.actors[r].shutdown_group.remote() for r in closing],
-                    _INTERRUPT_GRACE_S,
-                    "leave the process group",
-                )
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_INTERRUPT_GRACE_S)
-            for ref in ready:
-                self._collect(ref, pending[ref], result)
-            closing = [pending.pop(ref) for ref in ready]
-            freed += [r for r in closing if r in result.outcomes]
-        result.stuck = [r for r in stuck if r not in freed]
-        if result.stuck:
-            label = ", ".join(str(r) for r in result.stuck)
-            for r in others + freed:
-                self.ranks[r].state = "broken"
-                self.ranks[r].cause = f"its process group was closed to free rank {label}, which stayed stuck"
-        else:
-            result.freed = freed
-            try:
-                rank0 = self._get([self.actors[0].node_info.remote()], self._start_timeout_s, "find a port")
-                self._form_process_group(rank0[0])
-            except ClusterError as exc:
-                result.regroup_error = str(exc)
-                for r in others + freed:
-                    self.ranks[r].state, self.ranks[r].cause = "broken", f"no process group: {exc}"
-            else:
-                for r in others + freed:
-                    self.ranks[r].state, self.ranks[r].cause = "idle", None
-        if on_output is not None:
-            self._flush_outcomes(result, on_output)
-
     def _collect_ready(self, ready: list[Any], refs: dict[Any, int], result: RankCallResult) -> None:
         """Collect finished calls in one ``ray.get`` (one round trip: over Ray Client each costs ~5 ms)."""
         import ray
@@ -423,6 +385,16 @@ class RankGroup:
                 "rank": rank,
                 "value": None,
                 "error": str(exc),
+                "output": [],
+                "elapsed_s": 0.0,
+            }
+        except ray.exceptions.RayError as exc:  # the value came but cannot be unpickled here
+            cause = str(exc).strip().splitlines()[0].removeprefix("System error: ")
+            result.outcomes[rank] = {
+                "rank": rank,
+                "value": None,
+                "error": f"the cell's value pickled on rank {rank} but cannot be unpickled in the notebook "
+                f"({cause}): return plain data (numbers, strings, lists, tensors), or repr(value)",
                 "output": [],
                 "elapsed_s": 0.0,
             }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
+from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.cluster import PROFILE_STEPS, RemoteRun
 
@@ -29,6 +30,15 @@ OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", 
 Step = str | Callable[..., Any]  # cell source run in each rank's namespace, or a function
 
 
+def _byte_limit(value: Any) -> int:
+    """``max_result_bytes`` checked: a positive whole number of bytes."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NbtUsageError(
+            f"max_result_bytes must be a positive number of bytes (e.g. 2**30 for 1 GiB), got {value!r}"
+        )
+    return value
+
+
 class ClusterRunning:
     """The running half of :class:`~nbtoolkit.cluster.cluster.Cluster`; see its methods."""
 
@@ -36,6 +46,9 @@ class ClusterRunning:
     #: Seconds without progress on any rank before a running cell shows the hang diagnosis
     #: (None: $NBT_HANG_AFTER_S, else 30; 0 turns it off). A call's ``hang_after_s`` wins.
     hang_after_s: float | None = None
+    #: The most bytes (pickled) one rank's value may send back (``RESULT_MAX_BYTES``, 256 MiB);
+    #: a call's ``max_result_bytes`` wins. Raise it for larger values: ``cluster.max_result_bytes = N``.
+    max_result_bytes: int = RESULT_MAX_BYTES
 
     def _live_group(self) -> RankGroup:  # provided by Cluster (its lifecycle owns the ranks)
         raise NotImplementedError
@@ -57,6 +70,7 @@ class ClusterRunning:
         kwargs: dict[str, Any] | None = None,
         hang_after_s: float | None = None,
         on_hang: str = "wait",
+        max_result_bytes: int | None = None,
     ) -> RemoteRun:
         """Run a cell (source text, in each rank's namespace) or call a function on each rank.
 
@@ -68,15 +82,20 @@ class ClusterRunning:
         ``hang_after_s`` seconds (default :attr:`hang_after_s`), the hang diagnosis is shown
         (:meth:`hang_report`'s text); then the call keeps waiting (``on_hang="wait"``:
         Ctrl-C stops it) or stops like Ctrl-C (``on_hang="interrupt"``).
+
+        A rank whose value pickles to more than ``max_result_bytes`` (default
+        :attr:`max_result_bytes`) sends back an error naming its size instead; the rank stays usable.
         """
         group = self._live_group()
         chosen = parse_ranks(ranks, self._world_size)
         watch = self._stall_watch(hang_after_s, on_hang)
+        limit = _byte_limit(max_result_bytes if max_result_bytes is not None else self.max_result_bytes)
         if isinstance(code_or_fn, str):
-            raw = group.call(chosen, "run_cell", code_or_fn, on_output=on_output, watch=watch)
+            raw = group.call(chosen, "run_cell", code_or_fn, limit, on_output=on_output, watch=watch)
         elif callable(code_or_fn):
             raw = group.call(
-                chosen, "run_function", code_or_fn, args, kwargs or {}, on_output=on_output, watch=watch
+                chosen, "run_function", code_or_fn, args, kwargs or {}, limit, on_output=on_output,
+                watch=watch,
             )
         else:
             raise NbtUsageError(f"run takes cell source (str) or a function, got {type(code_or_fn).__name__}")
@@ -90,13 +109,19 @@ class ClusterRunning:
         on_output: OutputCallback | None = None,
         hang_after_s: float | None = None,
         on_hang: str = "wait",
+        max_result_bytes: int | None = None,
     ) -> list[Any]:
         """One result per rank, in rank order; raises :class:`RemoteCellError` if any rank failed.
 
-        ``hang_after_s`` and ``on_hang``: the stall diagnosis, see :meth:`execute`.
+        ``hang_after_s``, ``on_hang`` and ``max_result_bytes``: see :meth:`execute`.
         """
         result = self.execute(
-            code_or_fn, ranks=ranks, on_output=on_output, hang_after_s=hang_after_s, on_hang=on_hang
+            code_or_fn,
+            ranks=ranks,
+            on_output=on_output,
+            hang_after_s=hang_after_s,
+            on_hang=on_hang,
+            max_result_bytes=max_result_bytes,
         )
         result.raise_for_errors()
         return result.value_list()

@@ -130,7 +130,15 @@ def load_ranks_on_cluster(
     listing = cluster.execute(list_trace_files_on_rank, args=(str(Path(next(iter(wanted))).parent),))
     listing.raise_for_errors()
     assignment, owners = _assign(listing.values, only=wanted)
-    run = cluster.execute(_load_files_on_rank, args=(assignment, cache), ranks=sorted(set(owners.values())))
+    from nbtoolkit.cluster.transfer import FETCH_MAX_BYTES
+
+    # The rank files' events come back whole, as fetch brings files: fetch's cap, not a cell value's.
+    run = cluster.execute(
+        _load_files_on_rank,
+        args=(assignment, cache),
+        ranks=sorted(set(owners.values())),
+        max_result_bytes=max(cluster.max_result_bytes, FETCH_MAX_BYTES),
+    )
     run.raise_for_errors()
     return Trace.combine(t for t in (run.values.get(r) for r in run.ranks) if t is not None)
 

@@ -62,7 +62,10 @@ class ClusterTransfer(ClusterRunning):
         """
         from nbtoolkit.cluster.rank_tools import read_matching_files
 
-        result = self.execute(read_matching_files, args=(pattern, max_bytes), ranks=ranks)
+        # The files come back as the call's value: fetch's own cap bounds it, not max_result_bytes.
+        result = self.execute(
+            read_matching_files, args=(pattern, max_bytes), ranks=ranks, max_result_bytes=max_bytes + 2**20
+        )
         result.raise_for_errors()
         if not any(result.values.get(rank) for rank in result.ranks):
             raise ClusterError(

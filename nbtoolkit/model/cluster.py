@@ -45,6 +45,15 @@ START_TIMEOUT_S = 120.0
 #: Recorded runs of the step when a cell is profiled on the ranks.
 PROFILE_STEPS = 3
 
+#: After a new process group formed, what to do with a rank variable built on the old one (by kind).
+REBUILD_HINTS = {
+    "DistributedDataParallel": "wrap its module again, {name} = DDP({name}.module)",
+    "DeepSpeedEngine": "call deepspeed.initialize again with model={name}.module",
+    "ProcessGroup": "make it again with dist.new_group(...)",
+    "DeviceMesh": "make it again with init_device_mesh(...)",
+    "FSDP2 model": "build the model again and call fully_shard on it",
+}
+
 _SHORT_REPR_CHARS = 2000
 _STATE_COLOURS = {
     "idle": "#2e7d32",
@@ -72,8 +81,11 @@ class RankCallResult:
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop when asked
     freed: list[int] = field(default_factory=list)  # stuck ranks freed by closing the process group
     regroup_error: str | None = None  # why no new process group could be formed after freeing them
+    rebuild: list[tuple[str, str]] = field(default_factory=list)  # (variable, kind) still on the old group
+    rebound: list[str] = field(default_factory=list)  # DDP variables moved to the new group for the user
     interrupted: bool = False
     interrupt_reason: str = "Ctrl-C"  # what interrupted the call (the hang detector's stop says so)
+    interrupted_ranks: list[int] = field(default_factory=list)  # ranks still running when it came
 
 
 def rank_label(ranks: list[int]) -> str:
@@ -113,6 +125,16 @@ class RemoteRun(Result):
         self.regroup_error = raw.regroup_error
         self.interrupted = raw.interrupted
         self.interrupt_reason = raw.interrupt_reason
+        self.rebuild = [tuple(h) for h in raw.rebuild]
+        self.rebound = list(raw.rebound)
+        # A rank the interrupt reached before it finished: its error is the interrupt (or, for a
+        # rank freed from a collective, the closed connection), not a failure of its own.
+        sent = set(raw.interrupted_ranks or (ranks if raw.interrupted else ()))
+        self.interrupted_ranks = sorted(
+            r for r in sent
+            if r not in self.stuck
+            and (r in self.freed or (r in self.errors and self.errors[r].startswith("KeyboardInterrupt")))
+        )
 
     @property
     def ok(self) -> bool:
@@ -128,11 +150,28 @@ class RemoteRun(Result):
         return [self.values.get(r) for r in self.ranks]
 
     def failure_text(self) -> str:
-        """What went wrong, in words, then each failing rank's traceback once."""
-        failed = sorted(set(self.errors) | set(self.dead) | set(self.stuck))
+        """What went wrong, in words: which ranks finished, were interrupted, failed or died; then tracebacks.
+
+        Each rank is named once, under exactly one of: finished, interrupted, failed, died.
+        """
+        interrupted = [r for r in self.interrupted_ranks if r not in self.dead]
+        failed = [r for r in sorted(self.errors) if r not in interrupted and r not in self.dead]
+        finished = [
+            r for r in self.ranks
+            if r in self.values and r not in self.errors and r not in self.dead and r not in self.stuck
+        ]
+        eventful = bool(self.interrupted or interrupted or self.dead or self.stuck)
         parts = []
-        if self.interrupted:
-            parts.append(f"interrupted ({self.interrupt_reason}) on {rank_label(self.ranks)}")
+        if interrupted or (self.interrupted and not failed and not self.dead and not self.stuck):
+            parts.append(
+                f"interrupted ({self.interrupt_reason}) on {rank_label(interrupted)}"
+                if interrupted
+                else f"interrupted ({self.interrupt_reason}) after every rank had ended"
+            )
+        if failed and eventful:  # a plain failure: the tracebacks below name the ranks
+            parts.append(f"failed on {rank_label(failed)}")
+        if finished and eventful:
+            parts.append(f"finished on {rank_label(finished)}")
         if self.dead:
             deaths = "; ".join(f"rank {r} died: {cause}" for r, cause in sorted(self.dead.items()))
             parts.append(
@@ -149,22 +188,46 @@ class RemoteRun(Result):
             parts.append(
                 f"{rank_label(self.freed)} kept waiting in a collective for ranks that had stopped; "
                 "nbtoolkit closed the process group to free it and formed a new one. Every rank kept "
-                "its variables, but objects built on the old group (DDP models, DeepSpeed engines, "
-                "subgroups) must be built again"
+                "its variables" + self._rebuild_text()
             )
         if self.stuck:
             parts.append(
-                f"{rank_label(self.stuck)} did not stop and may be blocked in a collective "
-                "until its timeout: run cluster.restart() for fresh ranks"
+                f"{rank_label(self.stuck)} did not stop: blocked in a collective until its timeout, or "
+                "in one long call (C code) until it returns; run cluster.restart() for fresh ranks"
             )
-        head = (
-            f"the cell failed on {len(failed)} of {len(self.ranks)} ranks" if failed else "the cell stopped"
-        )
+        bad = sorted(set(failed) | set(self.dead) | set(self.stuck))
+        if bad:
+            head = f"the cell failed on {len(bad)} of {len(self.ranks)} ranks"
+        elif self.interrupted:
+            head = "the cell was stopped"
+        else:
+            head = "the cell stopped"
         lines = [head + (": " + "; ".join(parts) if parts else "")]
         for ranks, text in _group_tracebacks(self.errors):
             lines.append(f"--- {rank_label(ranks)} ---")
             lines.append(text)
         return "\n".join(lines)
+
+    def _rebuild_text(self) -> str:
+        """What the user must build again after a new group formed (named by the ranks), or nothing."""
+        moved = ""
+        if self.rebound:
+            names = ", ".join(repr(name) for name in self.rebound)
+            plural = "s" if len(self.rebound) > 1 else ""
+            moved = f"; nbtoolkit moved the DDP model{plural} {names} to the new group"
+        return moved + self._left_text()
+
+    def _left_text(self) -> str:
+        if not self.rebuild:
+            return (
+                "; none of them needs building again (a DDP model or a subgroup kept inside a list or "
+                "an object would: it must be built again)"
+            )
+        named = "; ".join(
+            f"{name} ({kind}): " + REBUILD_HINTS.get(kind, "build it again").format(name=name)
+            for name, kind in self.rebuild
+        )
+        return f", but these were built on the old group and would fail at their next collective: {named}"
 
     def raise_for_errors(self) -> None:
         """Raise :class:`~nbtoolkit.errors.RemoteCellError` if any rank failed, died or was interrupted."""

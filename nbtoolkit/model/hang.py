@@ -46,6 +46,7 @@ RANK_STATES = ("in collective", "computing", "finished", "dead", "unresponsive",
 #: The verdicts :func:`~nbtoolkit.analysis.hang.diagnose_hang` gives.
 VERDICT_KINDS = (
     "skipped collective",
+    "skipped backward",
     "reordered collectives",
     "mismatched collectives",
     "size mismatch",

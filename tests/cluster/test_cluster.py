@@ -7,6 +7,7 @@ here needs a private network namespace: run pytest under
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -172,6 +173,41 @@ def test_an_unpicklable_value_comes_back_as_its_repr(cluster) -> None:
     assert all("lock" in repr(v) and "not picklable" in repr(v) for v in values)
 
 
+def test_a_value_past_max_result_bytes_is_refused_naming_the_limit_and_the_rank_stays_usable(cluster) -> None:
+    """Issue 32/9: a cell returning 1 GiB had no cap (fetch has one). The default cap (256 MiB)
+    refuses a 257 MiB value on the rank; a call's limit and the cluster's attribute change it."""
+    from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
+    from nbtoolkit.errors import RemoteCellError
+
+    assert cluster.max_result_bytes == RESULT_MAX_BYTES == 256 * 2**20
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run("big = bytes(257 * 2**20)\nbig", ranks=0)
+    message = str(info.value)
+    assert "the cell's value is 257.00 MiB pickled, more than max_result_bytes (256.00 MiB)" in message
+    assert "cluster.max_result_bytes = N" in message and "Traceback" not in message
+    assert cluster.run("len(big)", ranks=0) == [257 * 2**20]  # kept on the rank, which still works
+    cluster.run("del big", ranks=0)
+    # A pickled object (a tensor) is measured as Ray would ship it; the call's limit wins.
+    with pytest.raises(RemoteCellError, match=r"max_result_bytes \(1.00 KiB\)"):
+        cluster.run("torch.zeros(1024)", max_result_bytes=1024)
+    assert [len(v) for v in cluster.run("torch.zeros(1024)", max_result_bytes=8192)] == [1024, 1024]
+    cluster.max_result_bytes = 100
+    try:
+        with pytest.raises(RemoteCellError, match=r"more than max_result_bytes \(100 B\)"):
+            cluster.run("'x' * 101")
+        assert cluster.run("'x' * 100") == ["x" * 100] * 2
+        # fetch brings files back under its own cap (max_bytes), not the cell-value limit.
+        cluster.run("open(f'/tmp/nbt-cap-{rank}.bin', 'wb').write(bytes(5000))")
+        fetched = cluster.fetch("/tmp/nbt-cap-{rank}.bin")
+        assert [p.stat().st_size for p in fetched] == [5000, 5000]
+    finally:
+        cluster.run("import pathlib\npathlib.Path(f'/tmp/nbt-cap-{rank}.bin').unlink(missing_ok=True)")
+        cluster.max_result_bytes = RESULT_MAX_BYTES
+    with pytest.raises(NbtUsageError, match="max_result_bytes must be a positive number of bytes"):
+        cluster.run("1", max_result_bytes=0)
+    assert cluster.run("rank") == [0, 1]
+
+
 def test_push_and_pull_variables(cluster) -> None:
     cluster.push({"scale": 2.5, "names": ["a", "<b>"]})
     assert cluster.run("scale * (rank + 1)") == [2.5, 5.0]
@@ -231,6 +267,132 @@ def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(clust
     assert elapsed < 30, f"took {elapsed:.1f} s; the collective timeout is 60 s"
     assert [row["info"].state for row in cluster._live_group().states()] == ["idle", "idle"]
     assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(0, 2.0), (10, 2.0)]
+
+
+def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half_stopped(
+    cluster, ctrl_c_raises
+) -> None:
+    """A second Ctrl-C 0.4 s after the first, and a third while the ranks get their grace to stop:
+    they once escaped mid-way, leaving rank 1 out of the group and rank 0 still blocked (the next
+    cell hung). Now they are held off until the ranks stopped, and the call ends with one error."""
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    cluster.run("kept = rank + 100")
+    cell = (
+        "import time\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n"
+        "else:\n    while True:\n        time.sleep(0.02)"
+    )
+    timers = [threading.Timer(at, _thread.interrupt_main) for at in (1.0, 1.4, 3.0)]
+    for timer in timers:
+        timer.start()
+    err = io.StringIO()
+    try:
+        with pytest.raises(RemoteCellError) as info, contextlib.redirect_stderr(err):
+            cluster.run(cell)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert "rank 0 kept waiting in a collective" in str(info.value)
+    assert "still stopping the ranks (a few seconds): no need to interrupt again" in err.getvalue()
+    assert [row["info"].state for row in cluster._live_group().states()] == ["idle", "idle"]
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())") == [(100, 2.0), (101, 2.0)]
+
+
+def test_ctrl_c_frees_a_rank_blocked_in_ddps_own_allreduce_in_backward(cluster, ctrl_c_raises) -> None:
+    """Rank 1 skips a training step: rank 0 waits in the allreduce DDP's reducer starts during
+    backward (inside autograd's C++ engine, no Python frame to interrupt). Ctrl-C frees it long
+    before the 60 s collective timeout, and the same DDP model trains on in the new group."""
+    import _thread
+
+    from nbtoolkit.cluster.cluster import RemoteCellError
+
+    cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "ddp = DDP(torch.nn.Linear(4, 4)); steps = 0")
+    skip = "if rank == 0:\n    ddp(torch.ones(2, 4)).sum().backward(); steps += 1\nelse:\n    pass  # skipped"
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(RemoteCellError) as info:
+            cluster.run(skip, hang_after_s=0)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 20
+    head = str(info.value).splitlines()[0]
+    assert "interrupted (Ctrl-C) on rank 0; finished on rank 1; rank 0 kept waiting in a collective" in head
+    assert "nbtoolkit moved the DDP model 'ddp' to the new group" in head
+    # The same DDP object trains on, its reducer reset after the interrupted backward.
+    again = (
+        "ddp.zero_grad()\nddp(torch.ones(2, 4)).sum().backward(); steps += 1\n"
+        "(steps, ddp.module.weight.grad.sum().item())"
+    )
+    assert cluster.run(again) == [(1, 32.0), (1, 32.0)]
+    cluster.run("del ddp")
+
+
+def test_stop_on_hang_stops_a_skipped_ddp_step_and_the_model_trains_on(cluster, capsys) -> None:
+    """The same skipped step with the hang detector: rank 0 in backward, rank 1 finished, is a hang
+    (it was taken for a long step and waited out the 60 s collective timeout)."""
+    cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "net = DDP(torch.nn.Linear(4, 4))")
+    skip = "if rank == 0:\n    net(torch.ones(2, 4)).sum().backward()"
+    started = time.monotonic()
+    result = cluster.execute(skip, hang_after_s=3, on_hang="interrupt")
+    assert time.monotonic() - started < 20
+    out = capsys.readouterr().out
+    assert "=> rank 0 waits in backward at cell line 2" in out and "rank 1 finished the cell" in out
+    assert result.interrupted and result.freed == [0] and result.rebound == ["net"]
+    step = "net.zero_grad()\nnet(torch.ones(2, 4)).sum().backward()\nnet.module.bias.grad.tolist()"
+    trained = cluster.run(step)
+    assert trained == [[2.0] * 4] * 2
+    cluster.run("del net")
+
+
+def test_careless_cells_end_in_one_clear_error_and_the_ranks_stay_usable(cluster) -> None:
+    """A cell raising KeyboardInterrupt itself is its own error, not "interrupted"; a value that
+    pickles on the rank but not in the notebook is named (it escaped as Ray's RaySystemError)."""
+    from nbtoolkit.errors import RemoteCellError
+
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run("if rank == 1:\n    raise KeyboardInterrupt('mine')\nrank")
+    message = str(info.value)
+    assert message.startswith("the cell failed on 1 of 2 ranks\n--- rank 1 ---\nTraceback")
+    assert "KeyboardInterrupt: mine" in message and "the cell was interrupted" not in message
+    bad = "class Bad:\n    def __reduce__(self):\n        return (int, ('x',))\nBad()"
+    with pytest.raises(RemoteCellError) as info:
+        cluster.run(bad, ranks=0)
+    unpickled = "the cell's value pickled on rank 0 but cannot be unpickled in the notebook (invalid literal"
+    assert unpickled in str(info.value)
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()") == [2.0, 2.0]
+
+
+def test_ctrl_c_during_restart_leaves_nothing_placed_and_the_next_restart_works(
+    cluster, ctrl_c_raises
+) -> None:
+    """Ctrl-C while restart() waited for its placement group left the group holding every CPU:
+    the next restart waited its whole start timeout for room."""
+    import _thread
+
+    def restart_then_wait() -> None:
+        cluster.restart()
+        time.sleep(30)  # a restart that finished before the interrupt: it lands here instead
+
+    cluster.run("x = 1")
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            restart_then_wait()
+    finally:
+        timer.cancel()
+    with pytest.raises(ClusterError, match=r"run cluster.restart\(\)"):
+        cluster.run("1")
+    started = time.monotonic()
+    cluster.restart()
+    assert time.monotonic() - started < 60  # the start timeout is 120 s
+    assert cluster.run("t = torch.ones(1)\ndist.all_reduce(t)\n(rank, t.item())") == [(0, 2.0), (1, 2.0)]
 
 
 def test_profile_gathers_one_trace_per_rank(cluster) -> None:

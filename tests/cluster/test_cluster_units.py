@@ -359,3 +359,216 @@ def test_a_version_mismatch_message_names_both_sides() -> None:
     message = _connect_failure("ray://h:10001", RuntimeError(ray_text))
     assert "runs Ray 2.60.0 on Python 3.11.7" in message and "has Ray 2.59.1 on Python 3.12.2" in message
     assert "pip install 'ray==2.60.0'" in message and "\n" not in message
+
+
+_INTERRUPTED = "KeyboardInterrupt: the cell was interrupted"
+
+
+def _outcome(rank: int, error: str | None = None, value: object = None) -> dict:
+    return {"rank": rank, "value": value, "error": error, "output": []}
+
+
+def test_the_interrupt_message_names_each_rank_once_finished_interrupted_or_failed() -> None:
+    """Issue 32/5: "failed on 1 of 2 ranks: interrupted on ranks 0, 1" named a rank that had finished."""
+    run = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            interrupt_reason="after the hang diagnosis",
+        ),
+    )
+    head = run.failure_text().splitlines()[0]
+    assert head.startswith(
+        "the cell was stopped: interrupted (after the hang diagnosis) on rank 0; finished on rank 1;"
+    )
+    assert "ranks 0, 1" not in head and "failed" not in head
+    # Three ranks: one failed on its own before Ctrl-C, one was interrupted, one never stopped.
+    mixed = RemoteRun(
+        [0, 1, 2],
+        RankCallResult(
+            outcomes={0: _outcome(0, "ValueError: bad batch"), 1: _outcome(1, _INTERRUPTED)},
+            stuck=[2],
+            interrupted=True,
+            interrupted_ranks=[1, 2],
+        ),
+    )
+    head = mixed.failure_text().splitlines()[0]
+    assert head.startswith(
+        "the cell failed on 2 of 3 ranks: interrupted (Ctrl-C) on rank 1; failed on rank 0;"
+    )
+    assert "rank 2 did not stop" in head and "finished" not in head
+    # A rank that finished just as the interrupt came is "finished", not "interrupted".
+    late = RemoteRun(
+        [0, 1],
+        RankCallResult(outcomes={0: _outcome(0, value=3), 1: _outcome(1, _INTERRUPTED)}, interrupted=True,
+                       interrupted_ranks=[0, 1]),
+    )
+    assert late.failure_text().splitlines()[0] == (
+        "the cell was stopped: interrupted (Ctrl-C) on rank 1; finished on rank 0"
+    )
+    # A rank inside one long C call (time.sleep) never stops: not "after every rank had ended".
+    stuck = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={1: _outcome(1, value=1)}, stuck=[0], interrupted=True, interrupted_ranks=[0]
+        ),
+    )
+    assert stuck.failure_text() == (
+        "the cell failed on 1 of 2 ranks: finished on rank 1; rank 0 did not stop: blocked in a collective "
+        "until its timeout, or in one long call (C code) until it returns; run cluster.restart() for "
+        "fresh ranks"
+    )
+    # A plain failure keeps its short head (the tracebacks name the ranks).
+    plain = RemoteRun([0, 1], RankCallResult(outcomes={0: _outcome(0, "KeyError: 'k'"), 1: _outcome(1)}))
+    assert plain.failure_text().splitlines()[0] == "the cell failed on 1 of 2 ranks"
+
+
+def test_the_message_after_a_new_group_names_the_variables_to_build_again() -> None:
+    run = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            rebuild=[("net", "DistributedDataParallel"), ("engine", "DeepSpeedEngine")],
+        ),
+    )
+    text = run.failure_text()
+    assert "Every rank kept its variables, but these were built on the old group" in text
+    assert "net (DistributedDataParallel): wrap its module again, net = DDP(net.module)" in text
+    assert "engine (DeepSpeedEngine): call deepspeed.initialize again with model=engine.module" in text
+    # DDP models on the world group are moved for the user: said, and nothing left to build.
+    moved = RemoteRun(
+        [0, 1],
+        RankCallResult(
+            outcomes={0: _outcome(0, _INTERRUPTED), 1: _outcome(1)},
+            freed=[0],
+            interrupted=True,
+            interrupted_ranks=[0],
+            rebound=["model"],
+        ),
+    )
+    assert moved.failure_text().splitlines()[0].endswith(
+        "formed a new one. Every rank kept its variables; nbtoolkit moved the DDP model 'model' to the new "
+        "group; none of them needs building again (a DDP model or a subgroup kept inside a list or an "
+        "object would: it must be built again)"
+    )
+
+
+def test_a_local_cluster_too_big_for_the_machine_fails_at_once_naming_the_limit(monkeypatch) -> None:
+    """Issue 32/9: Cluster.local(ranks=10**6) waited 119 s and took ~6 GB before "no room"."""
+    import time
+
+    import nbtoolkit as nbt
+    from nbtoolkit.cluster import placement
+
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        nbt.Cluster.local(ranks=10**6)
+    assert time.monotonic() - started < 1.0
+    assert "cannot run 1,000,000 local ranks" in str(info.value) and "Cluster.connect" in str(info.value)
+    # Memory decides where it is the tighter limit: 16 CPUs allow 128 ranks, 2 GiB about 5.
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(placement, "_available_memory", lambda: 2 * 2**30)
+    with pytest.raises(ClusterError, match=r"room for at most 5 \(2.0 GiB of memory available, about 300"):
+        placement.check_local_room(6)
+    placement.check_local_room(5)  # fits: no error
+    monkeypatch.setattr(placement, "_available_memory", lambda: None)  # not Linux: CPUs only
+    with pytest.raises(ClusterError, match=r"room for at most 128 \(16 CPU cores x 8 ranks per core\)"):
+        placement.check_local_room(129)
+
+
+_PROXIER_TRACEBACK = (
+    "Initialization failure from server:\nTraceback (most recent call last):\n"
+    '  File ".../ray/util/client/server/proxier.py", line 396, in start_specific_server\n'
+    "    cmd = psutil_proc.cmdline()\n"
+    "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)"
+)
+
+
+def test_a_ray_client_session_the_proxier_failed_to_start_is_tried_again_with_a_fresh_client(
+    monkeypatch,
+) -> None:
+    """Issue 32/6: after a wrong token, the right one failed once in two tries with the proxier's
+    ZombieProcess traceback inside the ClusterError. A new ray.init is a new client (fresh id)."""
+    import ray
+
+    from nbtoolkit.cluster import connection
+
+    calls: list[str] = []
+    outcomes = [ConnectionError(_PROXIER_TRACEBACK), None]
+
+    def init(**kwargs):
+        calls.append(kwargs["address"])
+        failure = outcomes.pop(0)
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(connection, "probe_client", lambda address, token: None)
+    monkeypatch.setattr(connection, "_CLIENT_RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    attachment = connection.connect("ray://10.0.0.1:10001", "the-token")
+    assert calls == ["ray://10.0.0.1:10001", "shutdown", "ray://10.0.0.1:10001"]
+    assert attachment.address == "ray://10.0.0.1:10001" and attachment.token == "the-token"
+    connection._remember_client(None)
+    connection._restore_env(attachment.saved_env)
+
+    # Failing every time: one message that says what to do, Ray's last line, no traceback.
+    calls.clear()
+    outcomes[:] = [ConnectionError(_PROXIER_TRACEBACK)] * 3
+    with pytest.raises(ClusterError) as info:
+        connection.connect("ray://10.0.0.1:10001", "the-token")
+    message = str(info.value)
+    assert calls.count("ray://10.0.0.1:10001") == 3
+    assert message.startswith("the Ray Client server at ray://10.0.0.1:10001 accepted the token but failed")
+    assert "psutil.ZombieProcess: PID still exists but it's a zombie (pid=4242)" in message
+    assert "Traceback" not in message and "proxier.py" not in message and "\n" not in message
+    assert "Connect again in a few seconds" in message
+    # Another failure is not retried: it fails at once with its own message.
+    calls.clear()
+    outcomes[:] = [RuntimeError("something else")]
+    with pytest.raises(ClusterError, match=r"could not connect to the Ray cluster at ray://10\.0\.0\.1:10001"):
+        connection.connect("ray://10.0.0.1:10001", "the-token")
+    assert calls.count("ray://10.0.0.1:10001") == 1
+
+
+def test_sever_cuts_this_process_connections_to_the_peers_but_not_those_kept() -> None:
+    """The mechanism that frees a blocked gloo collective, on plain sockets: a thread blocked in
+    recv() on a connection to a "peer" endpoint wakes when the connection is cut, whoever holds it;
+    a connection to a kept endpoint (the rendezvous store) stays up."""
+    import socket
+    import threading
+
+    from nbtoolkit.cluster.peer_sockets import sever, tcp_endpoints
+
+    def pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+        server = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        return server, client, accepted
+
+    peer_server, blocked, peer_side = pair()  # "gloo": this process holds `blocked`
+    store_server, store_client, store_side = pair()  # "the store": to be kept
+    try:
+        mine = set(tcp_endpoints())
+        assert blocked.getsockname() in mine and store_client.getsockname() in mine
+        woke: list[bytes] = []
+        waiter = threading.Thread(target=lambda: woke.append(blocked.recv(1)))
+        waiter.start()
+        peers = [peer_server.getsockname(), store_server.getsockname()]
+        cut = sever(peers, keep=[store_server.getsockname()])
+        waiter.join(timeout=5)
+        assert not waiter.is_alive() and woke == [b""]  # the blocked recv returned: connection ended
+        assert cut == 1
+        store_client.sendall(b"k")
+        assert store_side.recv(1) == b"k"  # the kept connection still works
+        assert blocked.fileno() >= 0  # the descriptor is its owner's to close
+    finally:
+        for s in (peer_server, blocked, peer_side, store_server, store_client, store_side):
+            s.close()

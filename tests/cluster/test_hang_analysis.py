@@ -224,3 +224,26 @@ def test_mismatches_agree_with_fr_trace(
             r"Expected collective type: '(\w+)' does not match found collective type: '(\w+)'", torch_says
         )
         assert "all_reduce on rank 0" in verdict.message and "broadcast on rank 1" in verdict.message
+
+
+def test_a_rank_stuck_in_backward_while_another_finished_is_a_skipped_training_step() -> None:
+    """DDP's gradient all-reduce runs inside backward, started by torch (no recorded call): the rank
+    looked like "computing" and --stop-on-hang never fired; it waited the collective timeout."""
+    stack = [
+        "<remote-cell>:2 in <module>",
+        "/venv/torch/_tensor.py:625 in backward",
+        "/venv/torch/autograd/__init__.py:354 in backward",
+        "/venv/torch/autograd/graph.py:841 in _engine_run_backward",
+    ]
+    stuck = RankHang(0, "computing", [], file="<remote-cell>", line=2, code="loss.backward()", stack=stack)
+    report = diagnose_hang([stuck, RankHang(1, "finished", [])])
+    (verdict,) = report.verdicts
+    assert report.hung and verdict.kind == "skipped backward"
+    assert verdict.culprits == (1,) and verdict.waiting == (0,) and verdict.line == 2
+    assert verdict.message == (
+        "rank 0 waits in backward at cell line 2: loss.backward(), where DDP, FSDP and DeepSpeed reduce "
+        "gradients over the ranks, but rank 1 finished the cell without that step"
+    )
+    # Without a finished peer a long backward is a long step, not a hang.
+    alone = diagnose_hang([stuck, RankHang(1, "computing", [], stack=stack)])
+    assert not alone.hung and alone.verdicts[0].kind == "computing"

@@ -143,6 +143,33 @@ def test_wrong_token_and_unreachable_head_fail_fast_with_clear_messages(multihos
         assert time.monotonic() - started < 15
 
 
+def test_the_right_token_after_a_wrong_one_connects_every_time(multihost: MultiHostBed) -> None:
+    """Issue 32/6: the right token after a wrong one failed once in two tries with the head's
+    proxier traceback (psutil.ZombieProcess in start_specific_server); a session the proxier fails
+    to start is now tried again with a fresh client. Two rounds in a fresh process (host 3)."""
+    code = f"""
+import time
+import nbtoolkit as nbt
+from nbtoolkit.errors import ClusterError
+for round in range(2):
+    try:
+        nbt.Cluster.connect({multihost.client_address!r}, token="not-the-token", ranks=1)
+    except ClusterError as exc:
+        print("WRONG", "authentication failed" in str(exc))
+    started = time.monotonic()
+    try:
+        cl = nbt.Cluster.connect({multihost.client_address!r}, token={multihost.token!r}, ranks=1)
+    except ClusterError as exc:
+        print("RIGHT failed:", exc)
+        continue
+    print("RIGHT", cl.run("rank"), f"{{time.monotonic() - started:.1f}} s")
+    cl.close()
+"""
+    out = multihost.python(3, code, timeout=300).stdout
+    assert out.count("WRONG True") == 2, out
+    assert out.count("RIGHT [0]") == 2, out
+
+
 def test_a_version_mismatch_names_both_sides(multihost: MultiHostBed) -> None:
     # This machine has one Ray and one Python; the notebook side is made to report others
     # (the function Ray asks for this process's versions), the cluster side is real.
