@@ -98,20 +98,11 @@ def report_verdicts(report: HangReport) -> list[HangVerdict]:
     return diagnose_hang(report.ranks, members=report.members).verdicts
 
 
-#: Where a rank's stack shows backward: DDP, FSDP and DeepSpeed reduce gradients there with
-#: collectives torch starts itself (not recorded as calls), so a rank stuck there waits for peers.
-_BACKWARD_FRAMES = (" in _engine_run_backward", " in run_backward")
-
-
-def _in_backward(rank: RankHang) -> bool:
-    return any(entry.endswith(_BACKWARD_FRAMES) for entry in rank.stack)
-
-
 def _nobody_waits(ranks: Sequence[RankHang]) -> list[HangVerdict]:
     out = [_absent(r, None, ()) for r in ranks if r.state in {"dead", "unresponsive"}]
     computing = [r for r in ranks if r.state == "computing"]
     finished = [r.rank for r in ranks if r.state == "finished"]
-    backward = [r for r in computing if _in_backward(r)] if finished else []
+    backward = [r for r in computing if r.in_backward] if finished else []
     if backward:  # a training step's gradient reduction that a finished rank never joined
         stuck = [r.rank for r in backward]
         out.append(

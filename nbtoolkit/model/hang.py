@@ -100,6 +100,10 @@ def _short_path(path: str | None) -> str:
     return "/".join(parts[-2:])
 
 
+#: Stack frames (``"file:line in function"`` endings) that mean a rank runs autograd's backward.
+BACKWARD_FRAMES = (" in _engine_run_backward", " in run_backward")
+
+
 @dataclass
 class RankHang:
     """One rank at the moment of the diagnosis."""
@@ -112,6 +116,12 @@ class RankHang:
     code: str | None = None
     stack: list[str] = field(default_factory=list)  # innermost last, "file:line in function"
     detail: str | None = None  # why it is dead or unresponsive
+
+    @property
+    def in_backward(self) -> bool:
+        """The stack shows autograd's backward: DDP, FSDP and DeepSpeed reduce gradients there with
+        collectives torch starts itself (not recorded as calls), so a rank stuck there waits for peers."""
+        return any(entry.endswith(BACKWARD_FRAMES) for entry in self.stack)
 
     @property
     def current(self) -> CollectiveCall | None:
@@ -200,6 +210,8 @@ class HangReport(Result):
                 f"  rank {rank.rank}: waits in {call.label} [{call.group}] ({call.numel} elements: {shapes}) "
                 f"at {user_place(call.file, call.line, call.code)}"
             )
+        if rank.state == "computing" and rank.in_backward:
+            return f"  rank {rank.rank}: in backward (gradient reduction started by torch), at {rank.place}"
         if rank.state == "computing":
             return f"  rank {rank.rank}: outside any collective, at {rank.place}"
         if rank.state in {"dead", "unresponsive"}:

@@ -244,6 +244,8 @@ def test_a_rank_stuck_in_backward_while_another_finished_is_a_skipped_training_s
         "rank 0 waits in backward at cell line 2: loss.backward(), where DDP, FSDP and DeepSpeed reduce "
         "gradients over the ranks, but rank 1 finished the cell without that step"
     )
+    assert "  rank 0: in backward (gradient reduction started by torch), at cell line 2" in repr(report)
+    assert "outside any collective" not in repr(report)
     # Without a finished peer a long backward is a long step, not a hang.
     alone = diagnose_hang([stuck, RankHang(1, "computing", [], stack=stack)])
     assert not alone.hung and alone.verdicts[0].kind == "computing"
