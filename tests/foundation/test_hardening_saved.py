@@ -401,16 +401,39 @@ def test_unicode_and_newlines_in_names_round_trip(tmp_path: Path) -> None:
         nbt.Trace.load(folder / "nope")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders: needs a non-root user")
 def test_a_read_only_folder_is_a_save_error(tmp_path: Path) -> None:
+    """Saving into a folder without write permission is one SaveError naming the cause.
+
+    Root writes anywhere (CAP_DAC_OVERRIDE), so as root the save runs in a fresh process whose
+    bounding set lacks the two DAC capabilities (util-linux ``setpriv``): the same check a
+    non-root user meets.
+    """
+    import shutil
+    import subprocess
+    import sys
+
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o500)
+    code = (
+        "import sys, pandas as pd, nbtoolkit as nbt\n"
+        "tl = nbt.MemoryTimeline(events=pd.DataFrame({'time_us': [0.0], 'action': ['alloc'], "
+        "'delta_bytes': [64], 'category': ['activation'], 'tensor': [1], 'stack_id': [0]}), stacks=['x'])\n"
+        "try:\n    tl.save(sys.argv[1])\nexcept nbt.NbtError as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    command = [sys.executable, "-c", code, str(folder / "t.parquet")]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "running as root needs util-linux's setpriv to drop CAP_DAC_OVERRIDE"
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *command]
     try:
-        with pytest.raises(SaveError, match="Permission denied"):
-            _timeline().save(folder / "t.parquet")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     finally:
         folder.chmod(0o700)
+    assert done.stdout.startswith("SaveError") and "Permission denied" in done.stdout, (
+        done.stdout + done.stderr
+    )
+    assert not (folder / "t.parquet").exists()
 
 
 def test_parquet_with_a_newer_writers_metadata_loads(saved: dict[str, Path]) -> None:
