@@ -33,7 +33,6 @@ from nbtoolkit.errors import (
     SnapshotError,
     TraceError,
 )
-from nbtoolkit.model import _providers
 
 __version__ = "0.1.0"
 
@@ -76,7 +75,6 @@ _LAZY_EXPORTS: dict[str, str] = {
     "locate_data": "nbtoolkit.datasets",
     "memory_by": "nbtoolkit.analysis.memory_breakdown",
     "memory_diff": "nbtoolkit.analysis.memory_diff",
-    "memory_imbalance": "nbtoolkit.analysis.memory_diff",
     "memory_timeline": "nbtoolkit.capture.memory",
     "memory_widget": "nbtoolkit.views.timeline_widget",
     "mfu_chart": "nbtoolkit.views.metrics",
@@ -109,44 +107,24 @@ _EAGER_EXPORTS = [
     "TraceError",
     "__version__",
     "load_ipython_extension",
+    "memory_imbalance",
     "unload_ipython_extension",
 ]
 # Computed, so that a new entry of _LAZY_EXPORTS is public at once; a test checks it is sorted.
 __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 
 
-# Modules that implement methods of model objects (model._providers): imported on the first
-# such call, so `import nbtoolkit` stays light and the model layer never imports upward.
-_PROVIDER_MODULES = (
-    "nbtoolkit.analysis.breakdown",
-    "nbtoolkit.analysis.rank_summary",
-    "nbtoolkit.analysis.stragglers",
-    "nbtoolkit.io.kineto",
-    "nbtoolkit.io.trace_summaries",
-    "nbtoolkit.io.kineto_args",
-    "nbtoolkit.analysis.graph_breaks",
-    "nbtoolkit.analysis.hang",
-    "nbtoolkit.analysis.memory",
-    "nbtoolkit.analysis.memory_breakdown",
-    "nbtoolkit.analysis.memory_diff",
-    "nbtoolkit.io.snapshot_ranks",
-    "nbtoolkit.integrations.deepspeed.recompute",
-    "nbtoolkit.optimizations.checkpoint",
-    "nbtoolkit.views.critical_path",
-    "nbtoolkit.views.graphs",
-    "nbtoolkit.views.memory",
-    "nbtoolkit.views.memory_reports",
-    "nbtoolkit.views.trace_scale",
-    "nbtoolkit.views.roofline",
-)
+def memory_imbalance(ranks: Any) -> MemoryImbalance:
+    """Which rank peaks highest and why (:func:`nbtoolkit.analysis.memory_diff.memory_imbalance`).
 
+    ``ranks``: a RankMemory, ``{rank: snapshot or timeline}``, a list in rank order, or a folder of
+    per-rank snapshots. A folder is read here (``nbt.load_rank_snapshots``): the analysis reads no files.
+    """
+    from nbtoolkit.analysis.memory_diff import memory_imbalance as imbalance_of
+    from nbtoolkit.io.snapshot_ranks import load_rank_snapshots
+    from nbtoolkit.model.inputs import is_path
 
-def _import_providers() -> None:
-    for module_name in _PROVIDER_MODULES:
-        importlib.import_module(module_name)
-
-
-_providers.add_loader(_import_providers)
+    return imbalance_of(load_rank_snapshots(ranks) if is_path(ranks) else ranks)
 
 
 def __getattr__(name: str) -> Any:
@@ -181,7 +159,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.analysis.critical_path import critical_path, critical_path_by_rank
     from nbtoolkit.analysis.diff import compare
     from nbtoolkit.analysis.memory_breakdown import memory_by
-    from nbtoolkit.analysis.memory_diff import memory_diff, memory_imbalance
+    from nbtoolkit.analysis.memory_diff import memory_diff
     from nbtoolkit.analysis.overlap import comm_comp_overlap
     from nbtoolkit.analysis.roofline import roofline
     from nbtoolkit.analysis.stragglers import stragglers

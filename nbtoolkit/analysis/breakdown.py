@@ -13,7 +13,6 @@ import numpy as np
 
 from nbtoolkit.analysis import _kernels as k
 from nbtoolkit.analysis._intervals import intersection_length, self_times
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import as_trace
 
 if TYPE_CHECKING:
@@ -246,7 +245,6 @@ def _top_by_name(
     return table.head(n).reset_index(drop=True)
 
 
-@provides("Trace.top_operators")
 def top_operators(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
     """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
     rows = []
@@ -260,7 +258,6 @@ def top_operators(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.D
     )
 
 
-@provides("Trace.top_kernels")
 def top_kernels(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
     """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
     rows = []

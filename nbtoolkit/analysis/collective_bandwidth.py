@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.model._providers import provided
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -133,7 +131,7 @@ def _backend_calls(trace: Trace, rank: int, frame: pd.DataFrame, meta: pd.DataFr
         calls = _metadata_calls(meta, world).assign(ts=frame["ts"].to_numpy()[meta["row"].to_numpy()])
         calls = calls.drop_duplicates(subset=["ts", "collective"])
     else:
-        shapes = provided("Trace.event_args")(trace, rank).shapes
+        shapes = trace.event_args(rank).shapes
         shapes = shapes[shapes["name"].astype(str).str.startswith("c10d::")]
         calls = pd.DataFrame([
             (normalize_collective(str(n).removeprefix("c10d::").rstrip("_")), world, "float32 (assumed)",

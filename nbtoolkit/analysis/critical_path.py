@@ -49,7 +49,6 @@ from nbtoolkit.analysis._cp_graph import BACKEND_PREFIXES, Graph, build_graph, l
 from nbtoolkit.analysis._kernels import COMMUNICATION, MEMORY, kernel_types
 from nbtoolkit.analysis.overlap import COMM_PREFIXES
 from nbtoolkit.errors import TraceError
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model.critical_path import SEGMENT_COLUMNS, CriticalPath
 
 if TYPE_CHECKING:
@@ -124,7 +123,7 @@ def critical_path(
     selected = _select(frame, start, stop)
     if not (selected["stream"].to_numpy() < 0).any():
         raise TraceError(_no_host_operator(frame, start, stop, f"rank {rank}, {label}"))
-    extras = provided("Trace.event_args")(trace, rank)
+    extras = trace.event_args(rank)
     graph = build_graph(selected, extras.syncs)
     path = longest_path(graph)
     span_end = max(stop, float(selected["end"].max()))

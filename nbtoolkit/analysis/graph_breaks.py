@@ -23,8 +23,6 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from nbtoolkit.model._providers import provides
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -120,7 +118,6 @@ def fix_hint(gb_type: str, explanation: str = "", torch_hints: str = "") -> str:
     return first or "See the break's registry page for what Dynamo supports here."
 
 
-@provides("GraphReport.break_summary")
 def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct break (type + user file + line), counted and ranked by cost.
 

@@ -1,6 +1,6 @@
 """Why a step stopped: match the ranks' collectives and name the rank, the op and the line at fault.
 
-Algorithm (:func:`diagnose_hang`), per process group in which some rank waits:
+Algorithm (:func:`hang_verdicts`), per process group in which some rank waits:
 
 1. The *front* is the lowest sequence number ``s`` any rank waits at in that group, and the
    op most of those waiting ranks wait in there (ties: the lowest rank's).
@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from nbtoolkit.model._providers import provides
-from nbtoolkit.model.hang import CollectiveCall, HangReport, HangVerdict, RankHang, user_place
+from nbtoolkit.model.hang_records import CollectiveCall, HangVerdict, RankHang, user_place
 
-__all__ = ["diagnose_hang", "report_verdicts"]
+__all__ = ["hang_verdicts"]
 
 
 def _label(ranks: Sequence[int]) -> str:
@@ -48,17 +47,14 @@ def _at(call: CollectiveCall) -> str:
     return user_place(call.file, call.line, None)
 
 
-def diagnose_hang(
-    ranks: Sequence[RankHang],
-    *,
-    members: Mapping[str, Sequence[int]] | None = None,
-    stalled_s: float | None = None,
-    source: str = "live ranks",
-) -> HangReport:
-    """The verdicts on ``ranks`` (one :class:`RankHang` each) as a :class:`HangReport`.
+def hang_verdicts(
+    ranks: Sequence[RankHang], *, members: Mapping[str, Sequence[int]] | None = None
+) -> list[HangVerdict]:
+    """The verdicts on ``ranks`` (one :class:`RankHang` each); see the module docstring.
 
     ``members`` maps a process group to its ranks; a group not in it (or ``members=None``)
-    is taken to hold every rank given. See the module docstring for the algorithm.
+    is taken to hold every rank given. :func:`nbtoolkit.model.hang.diagnose_hang` wraps them
+    in a HangReport.
     """
     by_rank = {r.rank: r for r in ranks}
     verdicts: list[HangVerdict] = []
@@ -83,19 +79,7 @@ def diagnose_hang(
                 waiting=tuple(r.rank for r in waiting),
             )
         )
-    return HangReport(
-        list(ranks),
-        verdicts,
-        stalled_s=stalled_s,
-        source=source,
-        members={g: list(r) for g, r in members.items()} if members else None,
-    )
-
-
-@provides("HangReport.verdicts")
-def report_verdicts(report: HangReport) -> list[HangVerdict]:
-    """The verdicts of a report that was read without them (Flight Recorder dumps)."""
-    return diagnose_hang(report.ranks, members=report.members).verdicts
+    return verdicts
 
 
 def _nobody_waits(ranks: Sequence[RankHang]) -> list[HangVerdict]:

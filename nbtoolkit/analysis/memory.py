@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provides
-
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
@@ -49,7 +47,6 @@ def running_total(events: pd.DataFrame) -> np.ndarray:
     return np.cumsum(events["delta_bytes"].to_numpy(dtype="int64"))
 
 
-@provides("MemoryTimeline.peak")
 def peak(events: pd.DataFrame) -> tuple[int, int]:
     """``(index, bytes)`` of the first event where the running total is highest; ``(-1, 0)`` if empty."""
     if len(events) == 0:
@@ -63,7 +60,7 @@ def _category_matrix(events: pd.DataFrame) -> tuple[list[str], np.ndarray]:
     """Per-category running sums: (category names, int64 array of shape (n_events, n_categories))."""
     import numpy as np
 
-    from nbtoolkit.model.memory import CATEGORIES
+    from nbtoolkit.model.memory_schema import CATEGORIES
 
     codes = events["category"].cat.codes.to_numpy() if hasattr(events["category"], "cat") else None
     if codes is None:
@@ -77,7 +74,6 @@ def _category_matrix(events: pd.DataFrame) -> tuple[list[str], np.ndarray]:
     return list(CATEGORIES), matrix
 
 
-@provides("MemoryTimeline.by_category")
 def category_series(events: pd.DataFrame, *, coalesce: bool = True) -> pd.DataFrame:
     """Allocated bytes per category over time: ``time_us``, one column per category, ``total``.
 
@@ -99,7 +95,6 @@ def category_series(events: pd.DataFrame, *, coalesce: bool = True) -> pd.DataFr
     return frame
 
 
-@provides("MemoryTimeline.category_peaks")
 def category_peaks(events: pd.DataFrame) -> pd.DataFrame:
     """Per category: ``peak_bytes`` (its own maximum) and ``at_peak_bytes`` (its bytes at the total peak).
 
@@ -132,7 +127,6 @@ def _with_unique_tensor_ids(events: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-@provides("MemoryTimeline.alive_at_peak")
 def alive_at_peak(events: pd.DataFrame, *, top: int | None = 20, at_index: int | None = None) -> pd.DataFrame:
     """Allocations live at the peak event (or at event ``at_index``), largest first.
 
@@ -169,7 +163,6 @@ def alive_at_peak(events: pd.DataFrame, *, top: int | None = 20, at_index: int |
     return frame.reset_index(drop=True)
 
 
-@provides("MemoryTimeline.by_module")
 def module_attribution(events: pd.DataFrame) -> pd.DataFrame:
     """Per module path: ``allocations``, ``allocated_bytes`` (sum of its allocations over the
     run), ``at_peak_bytes`` (its allocations live at the peak), and the at-peak bytes split
@@ -193,7 +186,6 @@ def module_attribution(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(frame).reset_index(drop=True)
 
 
-@provides("MemoryTimeline.by_phase")
 def phase_attribution(events: pd.DataFrame) -> pd.DataFrame:
     """Per phase, in PHASES order: ``allocations``, ``allocated_bytes``, ``freed_bytes``,
     ``peak_bytes`` (highest running total at an event of that phase), ``start_us``/``end_us``
@@ -201,7 +193,7 @@ def phase_attribution(events: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from nbtoolkit.model.memory import PHASES
+    from nbtoolkit.model.memory_schema import PHASES
 
     total = running_total(events)
     frame = events.assign(_total=total)
@@ -276,7 +268,6 @@ def module_spans(events: pd.DataFrame) -> pd.DataFrame:
     return spans[spans["module"] != ""].reset_index(drop=True)
 
 
-@provides("MemoryTimeline.compare")
 def compare_peaks(
     before: pd.DataFrame, after: pd.DataFrame, *, labels: tuple[str, str] = ("before", "after")
 ) -> pd.DataFrame:

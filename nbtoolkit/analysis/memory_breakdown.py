@@ -19,19 +19,62 @@ Pure functions over :class:`~nbtoolkit.model.memory.MemoryTimeline` and
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.memory_reports import PeakStack
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.model.memory import MemoryTimeline
-    from nbtoolkit.model.snapshot import MemorySnapshot
+__all__ = [
+    "GROUPINGS",
+    "as_timeline",
+    "group_memory",
+    "is_snapshot",
+    "memory_by",
+    "mosaic_peak",
+    "peak_stack",
+    "stack_bytes_at_peak",
+    "timeline_peak_stack",
+]
 
-__all__ = ["GROUPINGS", "memory_by", "mosaic_peak", "peak_stack", "stack_bytes_at_peak"]
+
+# What these functions read of nbtoolkit.model.memory.MemoryTimeline and
+# nbtoolkit.model.snapshot.MemorySnapshot. Named here rather than imported: those classes'
+# methods import this module, and importing them back (even for annotations) would close an
+# import cycle. The objects are told apart by what they hold (is_snapshot / _is_timeline).
+class MemoryTimeline(Protocol):
+    events: pd.DataFrame
+    stacks: list[str]
+    device: str
+
+    @property
+    def peak_bytes(self) -> int: ...
+
+    @property
+    def peak_time(self) -> float: ...
+
+
+class MemorySnapshot(Protocol):
+    annotations: pd.DataFrame
+    trace: pd.DataFrame
+    stacks: list[str]
+    stack_mosaic: list[str]
+
+    def timeline(self, device: int | None = None) -> MemoryTimeline: ...
+
+
+def is_snapshot(data: Any) -> bool:
+    """Whether ``data`` is a MemorySnapshot (an allocator snapshot: segments, a per-device history)."""
+    timeline = getattr(data, "timeline", None)
+    return hasattr(data, "segments") and hasattr(data, "stack_mosaic") and callable(timeline)
+
+
+def _is_timeline(data: Any) -> bool:
+    import pandas as pd
+
+    return isinstance(getattr(data, "events", None), pd.DataFrame) and hasattr(data, "stacks")
 
 GROUPINGS = (
     "category",
@@ -49,13 +92,11 @@ NONE = "(none)"
 
 def as_timeline(data: Any, device: int | None = None) -> MemoryTimeline:
     """A timeline from a MemoryTimeline (as it is) or a MemorySnapshot (its ``timeline(device)``)."""
-    from nbtoolkit.model.memory import MemoryTimeline
-    from nbtoolkit.model.snapshot import MemorySnapshot
-
-    if isinstance(data, MemoryTimeline):
+    if is_snapshot(data):
+        timeline: MemoryTimeline = data.timeline(device)
+        return timeline
+    if _is_timeline(data):
         return data
-    if isinstance(data, MemorySnapshot):
-        return data.timeline(device)
     raise NbtUsageError(
         f"expected a MemoryTimeline or a MemorySnapshot (nbt.load_memory_snapshot), got {type(data).__name__}"
     )
@@ -80,15 +121,18 @@ def stack_bytes_at_peak(timeline: MemoryTimeline) -> pd.DataFrame:
     return grouped.sort_values(["bytes", "stack"], ascending=[False, True]).reset_index(drop=True)
 
 
-@provides("MemoryTimeline.peak_stack")
 def peak_stack(data: Any, *, device: int | None = None) -> PeakStack:
     """The peak, what is alive at it, and the full stack of its largest allocation that has one.
 
     ``data``: a MemoryTimeline or a MemorySnapshot (``device``: which of its devices).
     """
+    return timeline_peak_stack(as_timeline(data, device))
+
+
+def timeline_peak_stack(timeline: MemoryTimeline) -> PeakStack:
+    """:func:`peak_stack` of one timeline (what ``MemoryTimeline.peak_stack()`` returns)."""
     from nbtoolkit.analysis.memory import alive_at_peak
 
-    timeline = as_timeline(data, device)
     alive = alive_at_peak(timeline.events, top=None)
     stacks = timeline.stacks
     alive["stack"] = [stacks[int(i)] if 0 <= int(i) < len(stacks) else "" for i in alive["stack_id"]]
@@ -125,7 +169,6 @@ def _annotation_at(snapshot: MemorySnapshot, device: int, times_us: Any, origin:
     return out
 
 
-@provides("MemorySnapshot.memory_by")
 def memory_by(
     data: Any,
     by: str = "category",
@@ -137,24 +180,37 @@ def memory_by(
     at_peak_bytes``, sorted by bytes at the peak. ``by="pattern"`` takes ``pattern`` (a regex over
     stack frames); ``annotation``, ``compile_context`` and ``user_metadata`` need a snapshot.
     """
-    import numpy as np
-    import pandas as pd
+    _check_grouping(by, pattern, snapshot=is_snapshot(data))
+    if is_snapshot(data):  # its method picks the default device, then calls group_memory
+        frame: pd.DataFrame = data.memory_by(by, pattern=pattern, device=device)
+        return frame
+    return group_memory(as_timeline(data, device), by, pattern=pattern)
 
-    from nbtoolkit.analysis.memory import alive_at_peak
-    from nbtoolkit.model.snapshot import MemorySnapshot
 
+def _check_grouping(by: str, pattern: str | None, *, snapshot: bool) -> None:
     if by not in GROUPINGS:
         raise NbtUsageError(f"memory_by(by={by!r}): use one of {list(GROUPINGS)}")
     if by == "pattern" and not pattern:
         raise NbtUsageError("memory_by(by='pattern') needs pattern=, a regex matched against stack frames")
-    snapshot = data if isinstance(data, MemorySnapshot) else None
-    if by in ("annotation", "compile_context", "user_metadata", "mosaic") and snapshot is None:
+    if by in ("annotation", "compile_context", "user_metadata", "mosaic") and not snapshot:
         raise NbtUsageError(f"memory_by(by={by!r}) needs a MemorySnapshot (allocator snapshots record it)")
-    if snapshot is not None and device is None:
-        from nbtoolkit.model.snapshot import _default_device
 
-        device = _default_device(snapshot)
-    timeline = as_timeline(data, device)
+
+def group_memory(
+    timeline: MemoryTimeline,
+    by: str = "category",
+    *,
+    pattern: str | None = None,
+    snapshot: MemorySnapshot | None = None,
+    device: int | None = None,
+) -> pd.DataFrame:
+    """:func:`memory_by` of one timeline; ``snapshot``: the snapshot it is ``device``'s timeline of."""
+    import numpy as np
+    import pandas as pd
+
+    from nbtoolkit.analysis.memory import alive_at_peak
+
+    _check_grouping(by, pattern, snapshot=snapshot is not None)
     events = timeline.events
     made = events["action"].isin(["alloc", "preexisting"]).to_numpy()
     labels = np.full(len(events), NONE, dtype=object)
@@ -201,7 +257,6 @@ def _mosaic_labels(snapshot: MemorySnapshot, events: pd.DataFrame) -> Any:
     return np.array([per_stack[i] if 0 <= i < len(per_stack) else "unknown" for i in ids], dtype=object)
 
 
-@provides("MemorySnapshot.mosaic_peak")
 def mosaic_peak(snapshot: MemorySnapshot, *, device: int | None = None) -> pd.DataFrame:
     """Bytes per Mosaic category at the peak as Mosaic defines it: ``category, at_peak_bytes``.
 

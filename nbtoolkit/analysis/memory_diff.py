@@ -25,24 +25,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.analysis.memory_breakdown import as_timeline, stack_bytes_at_peak
+from nbtoolkit.analysis.memory_breakdown import MemoryTimeline, as_timeline, is_snapshot, stack_bytes_at_peak
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model._providers import provided, provides
 from nbtoolkit.model.inputs import is_path
 from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.model.memory import MemoryTimeline
-
 __all__ = ["memory_diff", "memory_imbalance", "stack_diff"]
 
 
 def _is_measurement(value: Any) -> bool:
-    from nbtoolkit.model.comparison import Measurement
-
-    return isinstance(value, Measurement)
+    # nbt.optimize's Measurement (nbtoolkit.model.comparison), told apart by what it holds: its
+    # module's Comparison.memory_diff imports this one, so importing it back would close a cycle.
+    return hasattr(value, "peak_by_category") and hasattr(value, "total_peak_bytes")
 
 
 def _categories(data: Any) -> dict[str, int]:
@@ -70,7 +67,6 @@ def stack_diff(a: MemoryTimeline, b: MemoryTimeline, names: tuple[str, str] = ("
     return both.drop(columns="_order").reset_index().rename(columns={"index": "stack"})
 
 
-@provides("Comparison.memory_diff")
 def memory_diff(
     a: Any,
     b: Any,
@@ -84,8 +80,6 @@ def memory_diff(
     ``before``/``after``; then only categories and the peak compare). ``device``: for snapshots.
     """
     import pandas as pd
-
-    from nbtoolkit.model.snapshot import MemorySnapshot
 
     notes: list[str] = []
     measured = _is_measurement(a) or _is_measurement(b)
@@ -105,7 +99,7 @@ def memory_diff(
         drop=True
     )
     totals = [("peak", cats_a.get("total", 0), cats_b.get("total", 0))]
-    if isinstance(a, MemorySnapshot) and isinstance(b, MemorySnapshot):
+    if is_snapshot(a) and is_snapshot(b):
         sa, sb = a.stats(), b.stats()
         totals += [
             ("reserved", sa.total_reserved, sb.total_reserved),
@@ -124,12 +118,15 @@ def memory_diff(
 
 
 def _rank_timelines(ranks: Any) -> dict[int, MemoryTimeline]:
-    from nbtoolkit.model.rank_memory import RankMemory
-
-    if isinstance(ranks, RankMemory):
+    # a RankMemory (nbtoolkit.model.rank_memory), told apart by its timelines: its
+    # imbalance_report() imports this module, so importing it back would close a cycle
+    if isinstance(getattr(ranks, "timelines", None), Mapping):
         return dict(ranks.timelines)
-    if is_path(ranks):  # a folder of per-rank snapshots, read by nbtoolkit.io.snapshot_ranks
-        return dict(provided("RankMemory.from_folder")(ranks).timelines)
+    if is_path(ranks):  # analysis reads no files: nbt.memory_imbalance loads a folder before calling this
+        raise NbtUsageError(
+            "memory_imbalance() of the analysis takes loaded snapshots: read the folder with "
+            "nbt.load_rank_snapshots (nbt.memory_imbalance does that for a path)"
+        )
     if isinstance(ranks, Mapping):
         return {int(r): as_timeline(v) for r, v in ranks.items()}
     if isinstance(ranks, (list, tuple)):
@@ -140,7 +137,6 @@ def _rank_timelines(ranks: Any) -> dict[int, MemoryTimeline]:
     )
 
 
-@provides("RankMemory.imbalance_report")
 def memory_imbalance(ranks: Any) -> MemoryImbalance:
     """Which rank peaks highest and why (see the module docstring)."""
     import pandas as pd

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from nbtoolkit.analysis.overlap import overlap_by_rank_and_step
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.steps import profiler_step_names
 from nbtoolkit.model.trace_summary import SPAN_COLUMNS, TraceSummary
 
@@ -36,7 +35,6 @@ def rank_step_labels(trace: Trace) -> list[str]:
     return sorted(labels)
 
 
-@provides("Trace.summarize")
 def summarize_trace(
     trace: Trace, *, include_last_step: bool = False, step_labels: Iterable[str] = ()
 ) -> TraceSummary:

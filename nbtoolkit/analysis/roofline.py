@@ -38,7 +38,6 @@ from nbtoolkit.analysis.device_bandwidth import lookup_bandwidth
 from nbtoolkit.analysis.device_peaks import lookup_peak, precision_of
 from nbtoolkit.analysis.op_costs import op_class, op_cost
 from nbtoolkit.errors import TraceError
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model.roofline import RATE_COLUMNS, Roofline
 
 if TYPE_CHECKING:
@@ -124,7 +123,7 @@ def _costed_ops(trace: Trace, rank: int, frame: pd.DataFrame, window: tuple[floa
     """Host ops with FLOPs/bytes: from the recorded shapes, else from the live FLOP counter."""
     import pandas as pd
 
-    shapes = provided("Trace.event_args")(trace, rank).shapes
+    shapes = trace.event_args(rank).shapes
     shapes = shapes[(shapes["ts"] >= window[0]) & (shapes["ts"] <= window[1])]
     records = []
     for name, ext, dims, types, concrete in zip(shapes["name"], shapes["external_id"], shapes["input_dims"],

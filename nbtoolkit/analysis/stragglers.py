@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import as_trace
 
 if TYPE_CHECKING:
@@ -61,7 +60,6 @@ def stragglers(
     return _report(trace.ranks, overlap, trace.steps, spans, filtered=filtered, threshold_pct=threshold_pct)
 
 
-@provides("TraceSummary.stragglers")
 def summary_stragglers(summary: TraceSummary, *, threshold_pct: float = 5.0) -> StragglerReport:
     """:func:`stragglers` of a TraceSummary (its per-rank overlap, steps and spans)."""
     spans = {int(r.rank): float(r.last_us - r.first_us) for r in summary.spans.itertuples(index=False)}

@@ -378,9 +378,9 @@ class Cluster(ClusterTransfer, Result):
         ``nbtoolkit.integrations.deepspeed.zero_plan_recompute(self, model_fn, batch_fn, **options)``:
         ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
         """
-        from nbtoolkit.model._providers import provided
+        from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
 
-        return provided("Cluster.plan_recompute")(self, model_fn, batch_fn, **options)
+        return zero_plan_recompute(self, model_fn, batch_fn, **options)
 
     def summarize_traces(self, where: str | Path, **options: Any) -> TraceSummary:
         """Summarize the rank traces ``where`` names on the nodes holding them (a TraceSummary).

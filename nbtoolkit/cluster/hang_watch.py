@@ -5,7 +5,7 @@ poll brings each rank's output and its count of completed collectives (the rank'
 ``poll``). When none of those moved for ``after_s`` seconds, the watch asks every rank for
 its collectives and its stack (``hang_state``, answered on the rank's control thread while
 the cell stays blocked), builds a :class:`~nbtoolkit.model.hang.HangReport` with
-:func:`~nbtoolkit.analysis.hang.diagnose_hang`, and shows it once, when it finds a hang: ranks
+:func:`~nbtoolkit.model.hang.diagnose_hang`, and shows it once, when it finds a hang: ranks
 that all compute (a long step without output) are left alone and looked at again a threshold
 later. Then it keeps waiting
 (Ctrl-C frees the ranks as before), or, with ``on_hang="interrupt"``, stops the cell the
@@ -20,9 +20,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.analysis.hang import diagnose_hang
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.hang import HANG_AFTER_ENV, HANG_AFTER_S, CollectiveCall, HangReport, RankHang
+from nbtoolkit.model.hang import (
+    HANG_AFTER_ENV,
+    HANG_AFTER_S,
+    CollectiveCall,
+    HangReport,
+    RankHang,
+    diagnose_hang,
+)
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.ranks import RankGroup

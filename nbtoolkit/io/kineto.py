@@ -28,7 +28,6 @@ from nbtoolkit.io._kineto_json import NotATrace, StreamingFallback, decode_docum
 from nbtoolkit.io._kineto_ranks import check_same_job, detect_device_type, read_rank_info
 from nbtoolkit.io._kineto_stream import stream_file
 from nbtoolkit.io.bounded import read_limit
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.paths import user_path
 from nbtoolkit.model.steps import host_steps, parse_profiler_step, steps_table
@@ -111,12 +110,6 @@ def load_rank_file(file: Path) -> Trace:
     )
     trace._steps = steps_table([loaded.steps])
     return trace
-
-
-@provides("Trace.from_path")
-def _trace_from_path(path: str | PathLike[str]) -> Trace:
-    """``as_trace`` (model.inputs) given a path: the analyses take a path as well as a Trace."""
-    return load_trace(path)
 
 
 def _load(root: Path) -> Trace:

@@ -11,9 +11,10 @@ trace file (``trace.info[rank].source``) in one extra pass:
   ``external_id``, ``input_dims`` (list of shapes, one per input), ``input_types`` and
   ``concrete`` (the scalar arguments' values as text, where torch recorded them).
 
-Registered as the provider ``"Trace.event_args"``, so the analysis layer can ask for them
-without importing io. ``nbt.profile`` reads them before it removes its temporary file
-(:func:`attach_event_args`); a trace with no file behind it otherwise gives empty frames.
+Read through the model method ``Trace.event_args(rank)``, so the analyses get them from the
+Trace they are given and read no file themselves. ``nbt.profile`` reads them before it removes
+its temporary file (:func:`attach_event_args`); a trace with no file behind it otherwise gives
+empty frames.
 """
 
 from __future__ import annotations
@@ -22,20 +23,30 @@ import math
 import weakref
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from nbtoolkit.io._kineto_json import read_bytes
 from nbtoolkit.io.bounded import json_depth
-from nbtoolkit.model._providers import provides
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.model.trace import Trace
-
 __all__ = ["EventArgs", "attach_event_args", "event_args"]
+
+
+class Trace(Protocol):
+    """What this module reads of a :class:`nbtoolkit.model.trace.Trace`: each rank's source file.
+
+    Named here rather than imported: ``Trace.event_args`` imports this module, and importing the
+    Trace back (even for annotations) would close an import cycle.
+    """
+
+    info: Any  # rank -> RankInfo (its .source: the trace file)
+
+    @property
+    def ranks(self) -> list[int]: ...
 
 # Traces whose files are gone (nbt.profile's temporary file): their extras, read while it existed.
 _ATTACHED: weakref.WeakKeyDictionary[Trace, dict[int, EventArgs]] = weakref.WeakKeyDictionary()
@@ -77,7 +88,6 @@ class EventArgs:
         self.shapes = shapes
 
 
-@provides("Trace.event_args")
 def event_args(trace: Trace, rank: int) -> EventArgs:
     """The extra arguments of one rank, read from its trace file (empty when there is none)."""
     attached = _ATTACHED.get(trace)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import SnapshotError
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.paths import user_path
 
@@ -38,7 +37,6 @@ def rank_of(name: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
-@provides("RankMemory.from_folder")
 def load_rank_snapshots(folder: str | Path, *, device: int | None = None, **load: Any) -> RankMemory:
     """One timeline per rank from a folder of per-rank snapshots (see the module docstring).
 

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from nbtoolkit.errors import NbtUsageError, TraceError
 from nbtoolkit.io.cache_folder import usable_cache_folder
 from nbtoolkit.io.trace_cache import DEFAULT_CACHE_NAME, cache_key, read_events, read_summary, write_rank
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.paths import user_path
 
 if TYPE_CHECKING:
@@ -208,7 +207,6 @@ def trace_files_of(
     )
 
 
-@provides("TraceSummary.load_ranks")
 def load_summary_ranks(summary: TraceSummary, ranks: list[int]) -> Trace:
     """The events of the chosen ranks: from the cache when it has them, else parsed again."""
     from nbtoolkit.io.kineto import load_trace
@@ -273,12 +271,9 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
     context = _context()
     if context.get_start_method() == "fork":
-        # what this process reads with anyway, imported before the fork so the workers share
-        # it: the reader, and the rank summary (an upper layer, found through its registration)
+        # the reader, imported before the fork so the workers share it (the rank summary is
+        # imported by Trace.summarize in each worker: io may not import analysis)
         import nbtoolkit.io.kineto  # noqa: F401
-        from nbtoolkit.model._providers import provided
-
-        provided("Trace.summarize")
     pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context)
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]

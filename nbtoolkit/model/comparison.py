@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_bytes, format_seconds  # re-exported: older imports name them here
 
@@ -213,7 +212,9 @@ class Comparison(Result):
         """
         if not (self.before.peak_by_category and self.after.peak_by_category):
             return None
-        return provided("Comparison.memory_diff")(self.before, self.after, labels=("before", "after"))
+        from nbtoolkit.analysis.memory_diff import memory_diff
+
+        return memory_diff(self.before, self.after, labels=("before", "after"))
 
     def _memory_reading(self) -> str:
         """The memory diff in one sentence for the summary ('' without memory data on both sides)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_seconds
 
@@ -62,7 +61,9 @@ class CriticalPath(Result):
 
     def figure(self, trace: Any) -> Any:
         """The path drawn over the rank's timeline lanes (plotly); needs the Trace it came from."""
-        return provided("CriticalPath.figure")(self, trace)
+        from nbtoolkit.views.critical_path import critical_path_figure
+
+        return critical_path_figure(self, trace)
 
     def _headline(self) -> str:
         step = f"step {self.step}" if isinstance(self.step, int) else repr(self.step)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_seconds
 
@@ -140,7 +139,9 @@ class GraphReport(Result):
 
         See :func:`nbtoolkit.analysis.graph_breaks.break_summary` for the columns and ranking.
         """
-        return provided("GraphReport.break_summary")(self.breaks)
+        from nbtoolkit.analysis.graph_breaks import break_summary
+
+        return break_summary(self.breaks)
 
     def compare(
         self, other: GraphReport, *, labels: tuple[str, str] = ("before", "after")
@@ -150,15 +151,21 @@ class GraphReport(Result):
 
     def explorer(self) -> Any:
         """The graph-break explorer widget (ipywidgets): ranked breaks, source, hints, graphs around."""
-        return provided("GraphReport.explorer")(self)
+        from nbtoolkit.views.graphs import graph_break_explorer
+
+        return graph_break_explorer(self)
 
     def code_view(self) -> Any:
         """A widget showing the FX code of the graph picked in a dropdown."""
-        return provided("GraphReport.code_view")(self)
+        from nbtoolkit.views.graphs import graph_code_view
+
+        return graph_code_view(self)
 
     def compile_time_chart(self) -> Any:
         """Plotly bar chart of the compile time of each compile, coloured by status."""
-        return provided("GraphReport.compile_time_chart")(self)
+        from nbtoolkit.views.graphs import compile_time_chart
+
+        return compile_time_chart(self)
 
     def _report_figures(self) -> list[Any]:
         """Figures nbt.report embeds with this report: the compile-time chart."""

@@ -5,8 +5,11 @@ checks, so that ``nbt.comm_comp_overlap(None)`` says what it needs instead of fa
 inside with ``AttributeError: 'NoneType' object has no attribute 'ranks'``.
 
 :func:`as_trace` accepts a :class:`~nbtoolkit.model.trace.Trace` or a path: the analyses live
-below the readers (``analysis`` may not import ``io``), so a path is loaded through the
-provider registry (``Trace.from_path``, registered by :mod:`nbtoolkit.io.kineto`).
+below the readers (``analysis`` may not import ``io``), so a path is loaded here, with
+:func:`nbtoolkit.io.kineto.load_trace` imported inside the function. That keeps the analyses
+taking paths (``nbt.comm_comp_overlap("trace.json")``), but it is the one place an analysis
+still reaches a reader, and an edge of the Trace import cycle that tests/foundation/test_layers.py
+lists: the public entry points should load the path and hand the analyses a Trace.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model._providers import provided
 
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
@@ -55,8 +57,9 @@ def as_trace(value: Any, *, what: str) -> Trace:
     if isinstance(value, Trace):
         return value
     if is_path(value):
-        loaded: Trace = provided("Trace.from_path")(value)
-        return loaded
+        from nbtoolkit.io.kineto import load_trace
+
+        return load_trace(value)
     raise wrong_type(
         what,
         "a Trace (from nbt.load_trace or nbt.profile) or the path of a .json/.json.gz trace "

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.memory_schema import CATEGORIES, EVENT_COLUMNS, PHASES  # re-exported: defined here first
 from nbtoolkit.units import format_bytes  # re-exported: older imports name it here
 
 if TYPE_CHECKING:
@@ -52,34 +52,6 @@ __all__ = [
     "MemoryTimeline",
     "format_bytes",
 ]
-
-#: torch.profiler._memory_profiler.Category names (lower case) plus "unknown" for
-#: memory no rule could classify (torch's ``None`` category, grey in its plots).
-CATEGORIES: tuple[str, ...] = (
-    "parameter",
-    "optimizer_state",
-    "input",
-    "temporary",
-    "activation",
-    "gradient",
-    "autograd_detail",
-    "unknown",
-)
-
-PHASES: tuple[str, ...] = ("before", "forward", "backward", "optimizer", "other")
-
-EVENT_COLUMNS: tuple[str, ...] = (
-    "time_us",
-    "action",
-    "delta_bytes",
-    "category",
-    "tensor",
-    "module",
-    "phase",
-    "shape",
-    "source",
-    "stack_id",
-)
 
 _FORMAT_VERSION = 1
 # what MemoryTimeline.save writes: the events' dtypes (category as text) and the metadata's defaults
@@ -211,67 +183,91 @@ class MemoryTimeline(Result):
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)
 
-    # -- derived views (pure functions in analysis.memory, found through model._providers) --
+    # -- derived views (pure functions in analysis.memory, imported here so `import nbtoolkit` stays light) --
     def by_category(self, *, coalesce: bool = True) -> pd.DataFrame:
         """Allocated bytes over time per category: columns ``time_us``, one per category, ``total``.
 
         With ``coalesce`` one row per distinct time (the state after all events at that
         time, as torch's ``export_memory_timeline`` does); otherwise one row per event.
         """
-        return provided("MemoryTimeline.by_category")(self.events, coalesce=coalesce)
+        from nbtoolkit.analysis.memory import category_series
+
+        return category_series(self.events, coalesce=coalesce)
 
     @property
     def peak_bytes(self) -> int:
         """Highest total allocated bytes over the run (the running sum of ``delta_bytes``)."""
-        return int(provided("MemoryTimeline.peak")(self.events)[1])
+        from nbtoolkit.analysis.memory import peak
+
+        return int(peak(self.events)[1])
 
     @property
     def peak_time(self) -> float:
         """``time_us`` at which :attr:`peak_bytes` was first reached."""
-        index = provided("MemoryTimeline.peak")(self.events)[0]
+        from nbtoolkit.analysis.memory import peak
+
+        index = peak(self.events)[0]
         return float(self.events["time_us"].iloc[index]) if index >= 0 else 0.0
 
     def category_peaks(self) -> pd.DataFrame:
         """Per category: its own peak (``peak_bytes``) and its bytes at the total peak (``at_peak_bytes``)."""
-        return provided("MemoryTimeline.category_peaks")(self.events)
+        from nbtoolkit.analysis.memory import category_peaks
+
+        return category_peaks(self.events)
 
     def alive_at_peak(self, top: int = 20) -> pd.DataFrame:
         """The largest allocations live at the peak: bytes, category, module, phase, shape, stack."""
-        frame = provided("MemoryTimeline.alive_at_peak")(self.events, top=top)
+        from nbtoolkit.analysis.memory import alive_at_peak
+
+        frame = alive_at_peak(self.events, top=top)
         frame["stack"] = [self.stacks[i] if 0 <= i < len(self.stacks) else "" for i in frame["stack_id"]]
         return frame
 
     def by_module(self) -> pd.DataFrame:
         """Per module path: bytes allocated, bytes alive at the peak, by category."""
-        return provided("MemoryTimeline.by_module")(self.events)
+        from nbtoolkit.analysis.memory import module_attribution
+
+        return module_attribution(self.events)
 
     def by_phase(self) -> pd.DataFrame:
         """Per phase (before/forward/backward/optimizer/other): allocated, freed, peak within the phase."""
-        return provided("MemoryTimeline.by_phase")(self.events)
+        from nbtoolkit.analysis.memory import phase_attribution
+
+        return phase_attribution(self.events)
 
     def compare(
         self, other: MemoryTimeline, *, labels: tuple[str, str] = ("before", "after")
     ) -> MemoryComparison:
         """Peaks of this timeline (before) against ``other`` (after), per category and in total."""
-        table = provided("MemoryTimeline.compare")(self.events, other.events, labels=labels)
+        from nbtoolkit.analysis.memory import compare_peaks
+
+        table = compare_peaks(self.events, other.events, labels=labels)
         return MemoryComparison(table=table, labels=labels)
 
     # -- Mosaic-style analyses (nbtoolkit.analysis.memory_breakdown / memory_diff) --------
     def peak_stack(self) -> Any:
         """The peak, what is alive at it and the stacks that allocated it (a PeakStack)."""
-        return provided("MemoryTimeline.peak_stack")(self)
+        from nbtoolkit.analysis.memory_breakdown import timeline_peak_stack
+
+        return timeline_peak_stack(self)
 
     def memory_by(self, by: str = "category", *, pattern: str | None = None) -> pd.DataFrame:
         """Memory grouped by category, module, phase, stack or a regex ``pattern`` over frames."""
-        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern)
+        from nbtoolkit.analysis.memory_breakdown import group_memory
+
+        return group_memory(self, by, pattern=pattern)
 
     def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
         """What grew from this timeline to ``other``, by category and by stack (a MemoryDiff)."""
-        return provided("Comparison.memory_diff")(self, other, labels=labels)
+        from nbtoolkit.analysis.memory_diff import memory_diff
+
+        return memory_diff(self, other, labels=labels)
 
     def figure(self, **options: Any) -> Any:
         """The stacked-area plot by category with phase bands and a module lane (plotly)."""
-        return provided("MemoryTimeline.figure")(self, **options)
+        from nbtoolkit.views.memory import timeline_figure
+
+        return timeline_figure(self, **options)
 
     def _report_figures(self) -> list[Any]:
         return [self.figure()]

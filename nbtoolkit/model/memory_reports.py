@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_bytes
 
@@ -86,7 +85,9 @@ class PeakStack(Result):
 
     def figure(self, **options: Any) -> Any:
         """The bytes live at the peak as an icicle of their stacks (outermost frame at the top)."""
-        return provided("PeakStack.figure")(self, **options)
+        from nbtoolkit.views.memory_reports import peak_icicle
+
+        return peak_icicle(self, **options)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -186,7 +187,9 @@ class MemoryDiff(Result):
 
     def figure(self, **options: Any) -> Any:
         """Bars of the change per category and for the stacks that changed most (plotly)."""
-        return provided("MemoryDiff.figure")(self, **options)
+        from nbtoolkit.views.memory_reports import diff_figure
+
+        return diff_figure(self, **options)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -259,7 +262,9 @@ class MemoryImbalance(Result):
 
     def figure(self, **options: Any) -> Any:
         """Peak per rank, stacked by category, the top rank and the differing category marked."""
-        return provided("MemoryImbalance.figure")(self, **options)
+        from nbtoolkit.views.memory_reports import imbalance_figure
+
+        return imbalance_figure(self, **options)
 
     def to_json(self) -> str:
         return json.dumps(

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_bytes, format_seconds
 
@@ -156,7 +155,9 @@ class RecomputePlan(Result):
 
     def apply(self, model: Any) -> Undoable:
         """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
-        return provided("RecomputePlan.apply")(model, self.blocks)
+        from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
+
+        return checkpoint_blocks(model, self.blocks)
 
     # ---- display ----
     def _summary_lines(self) -> list[str]:

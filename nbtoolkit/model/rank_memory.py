@@ -14,9 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.model.memory import MemoryTimeline
+from nbtoolkit.model.memory_schema import category_columns  # re-exported: defined here first
 from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
@@ -28,12 +28,6 @@ __all__ = ["RankMemory", "category_columns"]
 UNEVEN_PEAKS = 0.10
 
 
-_PEAK_COLUMNS = ("rank", "peak_bytes", "peak_time_us")
-
-
-def category_columns(peaks: pd.DataFrame) -> list[str]:
-    """The category columns of a :meth:`RankMemory.peaks` table (those after its first three)."""
-    return [c for c in peaks.columns if c not in _PEAK_COLUMNS]
 
 
 @dataclass(repr=False)
@@ -114,11 +108,15 @@ class RankMemory(Result, Sequence[MemoryTimeline]):
 
     def imbalance_report(self) -> Any:
         """Which rank peaks highest and why: the category and the stacks that differ (MemoryImbalance)."""
-        return provided("RankMemory.imbalance_report")(self)
+        from nbtoolkit.analysis.memory_diff import memory_imbalance
+
+        return memory_imbalance(self)
 
     def figure(self, **options: Any) -> Any:
         """Total allocated bytes per rank over time, and each rank's peak by category (plotly)."""
-        return provided("RankMemory.figure")(self, **options)
+        from nbtoolkit.views.memory import ranks_figure
+
+        return ranks_figure(self, **options)
 
     def _report_figures(self) -> list[Any]:
         return [self.figure()]

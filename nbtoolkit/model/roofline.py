@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_flop_rate
 
@@ -58,7 +57,9 @@ class Roofline(Result):
 
     def figure(self) -> Any:
         """The roofline chart (plotly): one point per op class, the roofs of each precision."""
-        return provided("Roofline.figure")(self)
+        from nbtoolkit.views.roofline import roofline_figure
+
+        return roofline_figure(self)
 
     def _headline(self) -> str:
         bw = f", memory {self.bandwidth / 1e9:,.0f} GB/s" if self.bandwidth else ""

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.model.snapshot_capacity import capacity_check, impossible_notes
 from nbtoolkit.model.snapshot_columns import SnapshotColumns, SnapshotFilter
@@ -325,22 +324,31 @@ class MemorySnapshot(Result):
     # -- analyses (nbtoolkit.analysis.memory_breakdown / memory_diff) -------------------
     def peak_stack(self, device: int | None = None) -> Any:
         """The peak of ``device``'s timeline, what is alive then and the stacks (a PeakStack)."""
-        return provided("MemoryTimeline.peak_stack")(self, device=device)
+        from nbtoolkit.analysis.memory_breakdown import timeline_peak_stack
+
+        return timeline_peak_stack(self.timeline(device))
 
     def memory_by(
         self, by: str = "category", *, pattern: str | None = None, device: int | None = None
     ) -> Any:
         """Memory grouped by category, annotation, compile_context, user_metadata, stack or a
         regex ``pattern`` over frames (``nbtoolkit.analysis.memory_breakdown.memory_by``)."""
-        return provided("MemorySnapshot.memory_by")(self, by, pattern=pattern, device=device)
+        from nbtoolkit.analysis.memory_breakdown import group_memory
+
+        device = _default_device(self) if device is None else device
+        return group_memory(self.timeline(device), by, pattern=pattern, snapshot=self, device=device)
 
     def mosaic_peak(self, device: int | None = None) -> pd.DataFrame:
         """Bytes per Mosaic category at Mosaic's peak (``analysis.memory_breakdown.mosaic_peak``)."""
-        return provided("MemorySnapshot.mosaic_peak")(self, device=device)
+        from nbtoolkit.analysis.memory_breakdown import mosaic_peak
+
+        return mosaic_peak(self, device=device)
 
     def diff(self, other: Any, *, labels: tuple[str, str] = ("a", "b")) -> Any:
         """What grew from this snapshot to ``other`` (a MemoryDiff; ``nbt.memory_diff``)."""
-        return provided("Comparison.memory_diff")(self, other, labels=labels)
+        from nbtoolkit.analysis.memory_diff import memory_diff
+
+        return memory_diff(self, other, labels=labels)
 
     def devices(self) -> list[int]:
         """Devices with segments or trace entries, sorted."""
@@ -372,7 +380,9 @@ class MemorySnapshot(Result):
 
     def figure(self, **options: Any) -> Any:
         """The allocator's segments: allocated vs free (rounding / cached) per segment (plotly)."""
-        return provided("MemorySnapshot.figure")(self, **options)
+        from nbtoolkit.views.memory import segment_figure
+
+        return segment_figure(self, **options)
 
     def _report_figures(self) -> list[Any]:
         figures = [self.figure()]

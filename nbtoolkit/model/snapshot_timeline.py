@@ -9,16 +9,25 @@ allocation's phase and category from its stack and the optimizer annotations;
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.model.snapshot import MemorySnapshot
-
 __all__ = ["infer_categories", "snapshot_events"]
+
+
+class MemorySnapshot(Protocol):
+    """What the replay reads of a :class:`nbtoolkit.model.snapshot.MemorySnapshot` (whose
+    ``timeline()`` imports this module, so the fields are named here instead of importing it back)."""
+
+    blocks: pd.DataFrame
+    trace: pd.DataFrame
+    annotations: pd.DataFrame
+    stack_hints: list[str]
+    stack_sources: list[str]
 
 
 def snapshot_events(snapshot: MemorySnapshot, device: int) -> tuple[pd.DataFrame, list[str]]:

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import TraceError
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 
 if TYPE_CHECKING:
@@ -162,19 +161,33 @@ class Trace(Result):
         ``step_labels``: ProfilerStep labels of the job's other ranks, when this Trace holds some
         of them only (:mod:`nbtoolkit.analysis.rank_summary`).
         """
-        summary: TraceSummary = provided("Trace.summarize")(
-            self, include_last_step=include_last_step, step_labels=step_labels
-        )
-        return summary
+        from nbtoolkit.analysis.rank_summary import summarize_trace
+
+        return summarize_trace(self, include_last_step=include_last_step, step_labels=step_labels)
+
+    def event_args(self, rank: int) -> Any:
+        """Arguments of ``rank``'s events that the frame does not keep (an ``EventArgs``: ``syncs``,
+        ``shapes``), read from its trace file by :mod:`nbtoolkit.io.kineto_args` (empty frames when
+        there is none).
+
+        The critical path and the roofline take them from here: the analyses read no files.
+        """
+        from nbtoolkit.io.kineto_args import event_args
+
+        return event_args(self, rank)
 
     # ---------------------------------------------------------------- summary
     def top_operators(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
-        return provided("Trace.top_operators")(self, n, rank=rank)
+        from nbtoolkit.analysis.breakdown import top_operators
+
+        return top_operators(self, n, rank=rank)
 
     def top_kernels(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
-        return provided("Trace.top_kernels")(self, n, rank=rank)
+        from nbtoolkit.analysis.breakdown import top_kernels
+
+        return top_kernels(self, n, rank=rank)
 
     def _header_lines(self) -> list[str]:
         n_events = sum(len(f) for f in self.events.values())

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import TraceError
-from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
 
 if TYPE_CHECKING:
@@ -87,8 +86,9 @@ class TraceSummary(Result):
 
     def stragglers(self, *, threshold_pct: float = 5.0) -> StragglerReport:
         """``nbt.stragglers`` of the summarized ranks (same numbers as on the full Trace)."""
-        report: StragglerReport = provided("TraceSummary.stragglers")(self, threshold_pct=threshold_pct)
-        return report
+        from nbtoolkit.analysis.stragglers import summary_stragglers
+
+        return summary_stragglers(self, threshold_pct=threshold_pct)
 
     def load_ranks(self, ranks: Iterable[int]) -> Trace:
         """The events of the chosen ranks as a Trace (from the cache when the summary has one)."""
@@ -96,12 +96,15 @@ class TraceSummary(Result):
         unknown = [r for r in chosen if r not in self.info]
         if unknown:
             raise TraceError(f"ranks {unknown} are not in this summary; ranks present: {_short(self.ranks)}")
-        trace: Trace = provided("TraceSummary.load_ranks")(self, chosen)
-        return trace
+        from nbtoolkit.io.trace_summaries import load_summary_ranks
+
+        return load_summary_ranks(self, chosen)
 
     def figures(self, *, top: int = 4) -> Any:
         """The scale views: rank x step heatmaps, overlap distribution, straggler ranking + lanes."""
-        return provided("TraceSummary.figures")(self, top=top)
+        from nbtoolkit.views.trace_scale import summary_figures
+
+        return summary_figures(self, top=top)
 
     # ---------------------------------------------------------------- records
     def to_records(self) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model._providers import provides
 from nbtoolkit.optimizations._handle import Applied, replace_forward
 
 if TYPE_CHECKING:
@@ -63,7 +62,6 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-@provides("RecomputePlan.apply")
 def checkpoint_blocks(model: torch.nn.Module, names: Sequence[str]) -> Applied:
     """Wrap each named block of ``model`` in activation checkpointing; ``.undo()`` restores it."""
     check_module(model)

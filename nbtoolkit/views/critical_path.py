@@ -8,19 +8,31 @@ lane. The x axis is zoomed to the iteration. plotly is imported inside the funct
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model.steps import PROFILER_STEP_PREFIX
 from nbtoolkit.views.trace_views import timeline
 
 if TYPE_CHECKING:
-    from nbtoolkit.model.critical_path import CriticalPath
+    import pandas as pd
+
     from nbtoolkit.model.trace import Trace
 
 __all__ = ["critical_path_figure", "lane_origin"]
+
+
+class CriticalPath(Protocol):
+    """What the figure reads of a :class:`nbtoolkit.model.critical_path.CriticalPath` (whose
+    ``figure()`` imports this module, so the fields are named here instead of importing it back)."""
+
+    rank: int
+    step: Any
+    span_us: float
+    length_us: float
+    start_us: float
+    segments: pd.DataFrame
 
 PATH_COLOUR = "#222222"
 
@@ -33,7 +45,6 @@ def lane_origin(trace: Trace, rank: int) -> float:
     return float(frame["ts"].to_numpy()[drawn].min())
 
 
-@provides("CriticalPath.figure")
 def critical_path_figure(path: CriticalPath, trace: Trace) -> Any:
     """The rank's lanes with the critical path over them, zoomed to the iteration."""
     import plotly.graph_objects as go

@@ -7,15 +7,12 @@ is put into HTML, and into plotly hover text.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape, html_table
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from nbtoolkit.model.graphs import GraphReport
 
 __all__ = [
     "break_detail_html",
@@ -24,6 +21,27 @@ __all__ = [
     "graph_break_explorer",
     "graph_code_view",
 ]
+
+
+
+class GraphReport(Protocol):
+    """What these views read of a :class:`nbtoolkit.model.graphs.GraphReport`.
+
+    Named here rather than imported: the report's methods import these views, and a view
+    importing the report back (even for annotations) would close an import cycle.
+    """
+
+    graphs: pd.DataFrame
+    compiles: pd.DataFrame
+    ranks: list[int]
+
+    @property
+    def compile_time_s(self) -> float: ...
+
+    def break_summary(self) -> pd.DataFrame: ...
+
+    def _html(self) -> str: ...
+
 
 _STATUS_COLORS = {"ok": "#2e7d32", "break": "#9ccc65", "empty": "#bdbdbd", "error": "#c62828"}
 
@@ -108,7 +126,6 @@ def break_detail_html(report: GraphReport, summary_row: pd.Series) -> str:
     return "".join(parts)
 
 
-@provides("GraphReport.explorer")
 def graph_break_explorer(report: GraphReport) -> Any:
     """An ipywidgets explorer: the ranked break table, a selector, and the selected break's details."""
     import ipywidgets as widgets
@@ -137,7 +154,6 @@ def graph_break_explorer(report: GraphReport) -> Any:
     return box
 
 
-@provides("GraphReport.code_view")
 def graph_code_view(report: GraphReport) -> Any:
     """A dropdown of the report's graphs showing the selected graph's FX code."""
     import ipywidgets as widgets
@@ -161,7 +177,6 @@ def graph_code_view(report: GraphReport) -> Any:
     return box
 
 
-@provides("GraphReport.compile_time_chart")
 def compile_time_chart(report: GraphReport) -> Any:
     """Plotly bar chart: whole-frame compile time (ms) of each compile, coloured by tlparse's status."""
     import plotly.graph_objects as go

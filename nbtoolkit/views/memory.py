@@ -12,17 +12,55 @@ figure that works in any front end without a running server.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape
 
 if TYPE_CHECKING:
+    import pandas as pd
     import plotly.graph_objects as go
 
-    from nbtoolkit.model.memory import MemoryTimeline
-    from nbtoolkit.model.rank_memory import RankMemory
-    from nbtoolkit.model.snapshot import MemorySnapshot
+
+# What these figures read of the model objects. Named here rather than imported: the objects'
+# figure() methods import this module, and importing them back (even for annotations) would
+# close an import cycle.
+class MemoryTimeline(Protocol):
+    """A :class:`nbtoolkit.model.memory.MemoryTimeline`."""
+
+    events: pd.DataFrame
+    device: str
+    category_method: str
+
+    @property
+    def peak_bytes(self) -> int: ...
+
+    @property
+    def peak_time(self) -> float: ...
+
+    def by_module(self) -> pd.DataFrame: ...
+
+    def alive_at_peak(self, top: int = 20) -> pd.DataFrame: ...
+
+
+class MemorySnapshot(Protocol):
+    """A :class:`nbtoolkit.model.snapshot.MemorySnapshot`."""
+
+    def segment_summary(self) -> pd.DataFrame: ...
+
+    def stats(self) -> Any: ...
+
+    def fragmentation(self) -> float: ...
+
+
+class RankMemory(Protocol):
+    """A :class:`nbtoolkit.model.rank_memory.RankMemory`."""
+
+    @property
+    def ranks(self) -> list[int]: ...
+
+    def timeline(self, rank: int) -> MemoryTimeline: ...
+
+    def peaks(self) -> pd.DataFrame: ...
 
 __all__ = [
     "CATEGORY_COLORS",
@@ -71,7 +109,6 @@ def _time_scale(span_us: float) -> tuple[float, str]:
     return 1.0, "µs"
 
 
-@provides("MemoryTimeline.figure")
 def timeline_figure(
     timeline: MemoryTimeline,
     *,
@@ -94,7 +131,7 @@ def timeline_figure(
     from plotly.subplots import make_subplots
 
     from nbtoolkit.analysis.memory import category_series, decimate, module_spans, phase_spans
-    from nbtoolkit.model.memory import CATEGORIES
+    from nbtoolkit.model.memory_schema import CATEGORIES
     from nbtoolkit.units import format_bytes
 
     events = timeline.events
@@ -262,7 +299,7 @@ def module_figure(
     """
     import plotly.graph_objects as go
 
-    from nbtoolkit.model.memory import CATEGORIES
+    from nbtoolkit.model.memory_schema import CATEGORIES
     from nbtoolkit.units import format_bytes
 
     table = timeline.by_module()
@@ -324,7 +361,6 @@ def alive_at_peak_html(timeline: MemoryTimeline, *, top: int = 15) -> str:
     )
 
 
-@provides("MemorySnapshot.figure")
 def segment_figure(snapshot: MemorySnapshot, *, max_segments: int = 200) -> go.Figure:
     """The allocator's segments as stacked horizontal bars: allocated, free (rounding), free (cached).
 
@@ -403,12 +439,11 @@ def comparison_figure(
     )
 
 
-@provides("RankMemory.figure")
 def ranks_figure(memory: RankMemory, *, max_points: int = 3000) -> go.Figure:
     """Total allocated bytes of each rank over its own time, and each rank's peak stacked by category."""
     from plotly.colors import qualitative
 
-    from nbtoolkit.model.rank_memory import category_columns
+    from nbtoolkit.model.memory_schema import category_columns
 
     table = memory.peaks()
     palette = qualitative.D3

@@ -6,19 +6,41 @@ into labels and hovers. Sizes carry their unit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape
 from nbtoolkit.units import format_bytes
 from nbtoolkit.views.memory import CATEGORY_COLORS
 
 if TYPE_CHECKING:
+    import pandas as pd
     import plotly.graph_objects as go
 
-    from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance, PeakStack
-
 __all__ = ["diff_figure", "imbalance_figure", "peak_icicle"]
+
+
+# What the figures read of the reports of nbtoolkit.model.memory_reports. Named here rather than
+# imported: the reports' figure() methods import this module, and importing them back (even for
+# annotations) would close an import cycle.
+class PeakStack(Protocol):
+    peak_bytes: int
+    by_stack: pd.DataFrame
+
+
+class MemoryDiff(Protocol):
+    by_category: pd.DataFrame
+    by_stack: pd.DataFrame
+    labels: tuple[str, str]
+
+    def reading(self) -> str: ...
+
+
+class MemoryImbalance(Protocol):
+    peaks: pd.DataFrame
+    top_rank: int
+    baseline_rank: int
+    category: str
+    category_delta_bytes: int
 
 _ROOT = "peak"
 
@@ -71,7 +93,6 @@ def icicle_nodes(by_stack: Any, *, max_stacks: int = 40, max_depth: int = 16) ->
     }
 
 
-@provides("PeakStack.figure")
 def peak_icicle(peak: PeakStack, *, max_stacks: int = 40, max_depth: int = 16) -> go.Figure:
     """The bytes alive at the peak as an icicle of their stacks (outermost call at the top)."""
     import plotly.graph_objects as go
@@ -103,7 +124,6 @@ def _first_line(stack: str) -> str:
     return lines[0] if lines else "(no stack recorded)"
 
 
-@provides("MemoryDiff.figure")
 def diff_figure(diff: MemoryDiff, *, top_stacks: int = 12) -> go.Figure:
     """Change per category at the peak (left) and the stacks that changed most (right)."""
     import plotly.graph_objects as go
@@ -151,7 +171,6 @@ def diff_figure(diff: MemoryDiff, *, top_stacks: int = 12) -> go.Figure:
     return figure
 
 
-@provides("MemoryImbalance.figure")
 def imbalance_figure(report: MemoryImbalance) -> go.Figure:
     """Each rank's peak stacked by category; the top rank and the category that differs marked."""
     import plotly.graph_objects as go

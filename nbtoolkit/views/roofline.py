@@ -7,19 +7,26 @@ flat peak. Without roofs (a CPU, an unknown device) the points are drawn alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from nbtoolkit.model._providers import provides
-
 if TYPE_CHECKING:
-    from nbtoolkit.model.roofline import Roofline
+    import pandas as pd
 
 __all__ = ["roofline_figure"]
 
 
-@provides("Roofline.figure")
+class Roofline(Protocol):
+    """What the chart reads of a :class:`nbtoolkit.model.roofline.Roofline` (whose ``figure()``
+    imports this module, so this module names the fields instead of importing the class back)."""
+
+    rank: int
+    device: str
+    bandwidth: float | None
+    by_class: pd.DataFrame
+
+
 def roofline_figure(roof: Roofline) -> Any:
     """The roofline chart of ``roof`` (see the module docstring)."""
     import plotly.graph_objects as go

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from nbtoolkit.errors import NbtUsageError, TraceError
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import escape
 from nbtoolkit.views.trace_views import _FigureDisplay
 
@@ -161,7 +160,6 @@ class ScaleView(_FigureDisplay):
         return self.figures
 
 
-@provides("TraceSummary.figures")
 def summary_figures(summary: TraceSummary, *, top: int = 4) -> ScaleView:
     """Heatmaps, overlap distribution, straggler ranking and the top stragglers' lanes."""
     figures = [rank_step_heatmap(summary, "exposed_comm_ms")]

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.analysis.hang import diagnose_hang
 from nbtoolkit.errors import TraceError
-from nbtoolkit.model.hang import CollectiveCall, RankHang
+from nbtoolkit.model.hang import CollectiveCall, RankHang, diagnose_hang
 from tests._python import run_python
 
 WORKER = Path(__file__).with_name("_fr_worker.py")

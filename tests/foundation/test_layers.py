@@ -15,7 +15,11 @@ The layers, bottom to top (README, "Development"):
     integrations   DeepSpeed
     magics         the IPython layer; the package's __init__ sits on top of everything
 
-A model method whose work lives higher up goes through nbtoolkit.model._providers.
+A model method whose work lives higher up (``timeline.figure()``, ``report.explorer()``) imports
+that function inside the method (FUNCTION_LOCAL_UP below), so ``import nbtoolkit`` stays light;
+the function it imports takes plain data or a Protocol, never the model class, so that no
+import cycle closes. The cycle check counts every import between files: top-level, inside
+functions and under TYPE_CHECKING.
 """
 
 from __future__ import annotations
@@ -44,6 +48,29 @@ ALLOWED: dict[str, set[str]] = {
     "magics": BASE | {"model", "io", "datasets", "analysis", "capture", "optimizations", "views", "cluster",
                       "integrations"},
 }
+# Imports allowed upward when they sit inside a function (a method delegating its work), by layer.
+# (To be rewritten once the modules move into feature packages.)
+FUNCTION_LOCAL_UP: dict[str, set[str]] = {
+    "model": {"io", "analysis", "optimizations", "views", "integrations"},
+    "cluster": {"integrations"},  # Cluster.plan_recompute: the DeepSpeed planner
+}
+# File-level import cycles not removed yet (each a set of modules); see test_no_import_cycle_at_all.
+# Trace <-> TraceSummary: Trace.summarize builds a TraceSummary and TraceSummary.load_ranks reads a
+# Trace back through io (which builds Traces), so both model files reach each other; the analyses
+# that take a Trace (as_trace in model.inputs still loads a path through io.kineto) close more
+# loops through them. Breaking it needs io readers that return plain parts, a Trace Protocol for
+# the analyses and views, and the public entry points (not as_trace) loading paths.
+# The cluster one: freeing and hang_watch annotate RankGroup, whose call() imports them.
+KNOWN_CYCLES: list[set[str]] = [
+    {
+        "nbtoolkit.analysis._kernels", "nbtoolkit.analysis.breakdown", "nbtoolkit.analysis.overlap",
+        "nbtoolkit.analysis.rank_summary", "nbtoolkit.analysis.stragglers", "nbtoolkit.io._kineto_columns",
+        "nbtoolkit.io._kineto_ranks", "nbtoolkit.io.kineto", "nbtoolkit.io.trace_cache",
+        "nbtoolkit.io.trace_summaries", "nbtoolkit.model.inputs", "nbtoolkit.model.trace",
+        "nbtoolkit.model.trace_summary", "nbtoolkit.views.trace_scale", "nbtoolkit.views.trace_views",
+    },
+    {"nbtoolkit.cluster.freeing", "nbtoolkit.cluster.hang_watch", "nbtoolkit.cluster.ranks"},
+]
 MAX_LINES = 520  # "about 500": a module past this holds more than one job; split it by job
 
 def _module_name(path: Path) -> str:
@@ -56,6 +83,15 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "nbtoolkit"
 
 
+def _function_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside a function body (imports that run when the function is called)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inside |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
+    return inside
+
+
 def _type_only_nodes(tree: ast.AST) -> set[int]:
     """ids of the nodes under ``if TYPE_CHECKING:`` (imports that never run)."""
     inside: set[int] = set()
@@ -65,16 +101,17 @@ def _type_only_nodes(tree: ast.AST) -> set[int]:
     return inside
 
 
-def _imports(path: Path, module: str | None = None, *, runtime_only: bool = False) -> list[tuple[int, str]]:
+def _imports(
+    path: Path, module: str | None = None, *, module_level_only: bool = False
+) -> list[tuple[int, str]]:
     """(line, absolute module) of every nbtoolkit import in the file, wherever it sits.
 
-    ``runtime_only`` leaves out imports under ``if TYPE_CHECKING:``: a module may name a type of a
-    sibling that imports it (no cycle at run time), but never a type of a higher layer.
+    ``module_level_only`` leaves out imports inside functions.
     """
     module = module or _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     tree = ast.parse(path.read_text(), filename=str(path))
-    skipped = _type_only_nodes(tree) if runtime_only else set()
+    skipped = _function_nodes(tree) if module_level_only else set()
     found = []
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -107,17 +144,21 @@ def _upward_imports(path: Path, module: str) -> str | None:
     if layer == "nbtoolkit":
         return None  # the package's __init__ is the top: it wires every layer
     allowed = ALLOWED[layer] | {layer}
+    at_module_level = set(_imports(path, module, module_level_only=True))
     upward = [
         f"line {line}: {target}"
         for line, target in _imports(path, module)
         if target != "nbtoolkit" and _layer(target) not in allowed and _layer(target) in ALLOWED
+        and ((line, target) in at_module_level or _layer(target) not in FUNCTION_LOCAL_UP.get(layer, set()))
     ]
     if not upward:
         return None
+    local = FUNCTION_LOCAL_UP.get(layer)
     return (
-        f"{path.name} is in layer {layer!r}, which may import only {sorted(allowed)}; it imports "
-        + "; ".join(upward)
-        + ". Move the code down, or let the higher layer register it in nbtoolkit.model._providers."
+        f"{path.name} is in layer {layer!r}, which may import only {sorted(allowed)}"
+        + (f" (and {sorted(local)} inside a function)" if local else "")
+        + "; it imports " + "; ".join(upward)
+        + ". Move the code down, or import the higher function inside the method that delegates to it."
     )
 
 
@@ -127,38 +168,83 @@ def test_no_upward_import(path: Path) -> None:
     assert problem is None, problem
 
 
-def test_no_import_cycle_between_modules() -> None:
-    # Imports that run (TYPE_CHECKING blocks aside), inside functions included.
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the nbtoolkit modules it imports: every import counted (module level, inside
+    functions, under TYPE_CHECKING), since the later move into feature packages needs no cycle
+    between files at all."""
     names = {_module_name(p): p for p in MODULES}
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         targets = set()
-        for _, imported in _imports(path, runtime_only=True):
+        for _, imported in _imports(path):
             target = imported
             while target not in names and "." in target:
                 target = target.rpartition(".")[0]  # a name imported from a module: the module
-            if target in names and target not in (name, "nbtoolkit"):
+            if target in names and target != name:
                 targets.add(target)
         graph[name] = targets
-    # Depth-first search for a back edge; report the cycle it closes.
-    state: dict[str, int] = {}
-    trail: list[str] = []
+    return graph
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        trail.append(node)
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan), each one cycle or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
         for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*trail[trail.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        state[node] = 2
-        trail.pop()
-        return None
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
 
     for start in sorted(graph):
-        if start not in state and (cycle := visit(start)):
-            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if start not in index:
+            visit(start)
+    return found
+
+
+def _describe(graph: dict[str, set[str]], component: set[str]) -> str:
+    edges = [f"{a} -> {b}" for a in sorted(component) for b in sorted(graph[a] & component)]
+    return "import cycle among " + ", ".join(sorted(component)) + ":\n    " + "\n    ".join(edges)
+
+
+def test_no_new_import_cycle() -> None:
+    # Any cycle not in KNOWN_CYCLES fails; a known one that is gone fails too (take it off the list).
+    graph = _import_graph()
+    cycles = _cycles(graph)
+    new = [c for c in cycles if c not in KNOWN_CYCLES]
+    assert not new, "\n".join(_describe(graph, c) for c in new)
+    gone = [c for c in KNOWN_CYCLES if c not in cycles]
+    assert not gone, f"these cycles are gone: take them off KNOWN_CYCLES: {gone}"
+
+
+@pytest.mark.xfail(bool(KNOWN_CYCLES), reason="KNOWN_CYCLES lists cycles not removed yet", strict=True)
+def test_no_import_cycle_at_all() -> None:
+    graph = _import_graph()
+    cycles = _cycles(graph)
+    assert not cycles, "\n".join(_describe(graph, c) for c in cycles)
+
+
+def test_the_cycle_check_sees_function_local_and_type_only_imports() -> None:
+    # a model method importing a view that names the model class under TYPE_CHECKING is a cycle
+    graph = {"m": {"v"}, "v": {"m"}, "w": {"m"}}
+    assert _cycles(graph) == [{"m", "v"}]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
@@ -171,8 +257,12 @@ def test_the_detector_sees_upward_and_relative_imports(tmp_path: Path) -> None:
     # The checks above must be able to fail: a model module importing views inside a function,
     # or analysis reaching io through a relative import, is named with its line.
     sample = tmp_path / "probe.py"
+    sample.write_text("from nbtoolkit.views.memory import timeline_figure\n")
+    assert "line 1: nbtoolkit.views.memory" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
     sample.write_text("def f():\n    from nbtoolkit.views.memory import timeline_figure\n")
-    assert "line 2: nbtoolkit.views.memory" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
+    assert _upward_imports(sample, "nbtoolkit.model.probe") is None  # a method delegating its work
+    sample.write_text("def f():\n    from nbtoolkit.capture.memory import memory_timeline\n")
+    assert "line 2: nbtoolkit.capture.memory" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
     sample.write_text("from ..io import kineto\nfrom . import _intervals\n")
     problem = _upward_imports(sample, "nbtoolkit.analysis.probe") or ""
     assert "line 1: nbtoolkit.io.kineto" in problem and "_intervals" not in problem

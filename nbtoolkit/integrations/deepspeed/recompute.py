@@ -26,21 +26,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
-from nbtoolkit.model._providers import provides
 from nbtoolkit.model._result import Result, escape, html_table
 from nbtoolkit.units import format_bytes, format_seconds, parse_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.cluster.cluster import Cluster
-
 __all__ = ["ZeroRecompute", "zero_plan_recompute"]
+
+
+class Cluster(Protocol):
+    """What the planner uses of an ``nbt.Cluster``: its size, and running a function on every rank.
+
+    Named here rather than imported: ``Cluster.plan_recompute`` imports this module, and importing
+    the Cluster back (even for annotations) would close an import cycle.
+    """
+
+    @property
+    def world_size(self) -> int: ...
+
+    def run(self, code_or_fn: Any) -> Any: ...
 
 
 @dataclass(repr=False)
@@ -110,7 +120,6 @@ def _budgets(budget: Any) -> list[int]:
     return [parse_bytes(v) for v in values]
 
 
-@provides("Cluster.plan_recompute")
 def zero_plan_recompute(
     cluster: Cluster,
     model_fn: Callable[[], Any],
