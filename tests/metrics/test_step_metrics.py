@@ -126,7 +126,8 @@ def test_a_step_that_raises_is_a_metrics_error_and_leaves_no_hook(make_gpt: Any)
         if len(calls) == 2:  # fails during FLOP counting, with the counter's hooks installed
             raise RuntimeError("CUDA out of memory (simulated)")
 
-    with pytest.raises(nbt.StepError, match=r"raised RuntimeError during the FLOP counting: CUDA out of") as info:
+    expected = r"raised RuntimeError during the FLOP counting: CUDA out of"
+    with pytest.raises(nbt.StepError, match=expected) as info:
         nbt.step_metrics(step, warmup=1)
     assert isinstance(info.value.__cause__, RuntimeError) and info.value.call == "FLOP counting"
     # the conftest fixture asserts that no module hook or dispatch mode is left behind
@@ -137,7 +138,8 @@ def test_a_step_that_raises_in_warmup_names_the_phase() -> None:
     def step() -> None:
         raise ValueError("bad batch")
 
-    with pytest.raises(nbt.StepError, match="'step' raised ValueError during the warm-up step 1 of 1: bad batch"):
+    expected = "'step' raised ValueError during the warm-up step 1 of 1: bad batch"
+    with pytest.raises(nbt.StepError, match=expected):
         nbt.step_metrics(step)
 
 
