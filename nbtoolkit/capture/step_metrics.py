@@ -162,8 +162,9 @@ def add_step_metrics(measurement: Any, step: Callable[[], Any], *, errors: str =
     times it already holds. For ``nbt.optimize``: one line per measured configuration.
 
     ``errors="note"`` (default): when the metrics cannot be computed (no FLOP-counted op, an
-    unknown peak that cannot be measured, the step raised), the measurement gets one row
+    unknown peak that cannot be measured), the measurement gets one row
     ``step metrics: not available: <why>`` instead, and None is returned; ``"raise"`` raises.
+    A step that raises is a StepError either way, as on every path that runs the step.
     ``options`` are those of :func:`step_metrics_from_times`.
     """
     if errors not in ("note", "raise"):
