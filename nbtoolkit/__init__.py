@@ -31,6 +31,7 @@ from nbtoolkit.errors import (
     RemoteCellError,
     SaveError,
     SnapshotError,
+    StepError,
     TraceError,
 )
 
@@ -44,7 +45,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "GraphComparison": "nbtoolkit.model.graphs",
     "GraphReport": "nbtoolkit.model.graphs",
     "HangReport": "nbtoolkit.model.hang",
-    "MeasureConfig": "nbtoolkit.optimizations.config",
+    "MeasureConfig": "nbtoolkit.model.measure_config",
     "Measurement": "nbtoolkit.model.comparison",
     "MemoryDiff": "nbtoolkit.model.memory_reports",
     "MemoryImbalance": "nbtoolkit.model.memory_reports",
@@ -104,6 +105,7 @@ _EAGER_EXPORTS = [
     "RemoteCellError",
     "SaveError",
     "SnapshotError",
+    "StepError",
     "TraceError",
     "__version__",
     "load_ipython_extension",
@@ -180,6 +182,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.critical_path import CriticalPath
     from nbtoolkit.model.graphs import GraphComparison, GraphReport
     from nbtoolkit.model.hang import HangReport
+    from nbtoolkit.model.measure_config import MeasureConfig
     from nbtoolkit.model.memory import MemoryTimeline
     from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance
     from nbtoolkit.model.metrics import StepMetrics
@@ -190,7 +193,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.model.trace_summary import TraceSummary
     from nbtoolkit.optimizations.apply import optimize
-    from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
+    from nbtoolkit.optimizations.config import OptimizeConfig, RecomputeConfig
     from nbtoolkit.optimizations.recompute import plan_recompute
     from nbtoolkit.views.metrics import mfu_chart
     from nbtoolkit.views.optimize import optimize_panel

@@ -6,6 +6,7 @@ Messages state the problem (with the offending value or path) and what to do.
 
     NbtError
     ├── NbtUsageError     bad arguments to a public function or magic
+    │   └── StepError     the user's step raised while nbtoolkit measured it
     ├── TraceError        a profiler trace that cannot be read or analysed
     ├── CompileLogError   a TORCH_TRACE log that cannot be read
     ├── CaptureError      code run under an instrument failed to produce a result
@@ -36,6 +37,7 @@ __all__ = [
     "RemoteCellError",
     "SaveError",
     "SnapshotError",
+    "StepError",
     "TraceError",
 ]
 
@@ -55,6 +57,19 @@ class NbtError(Exception):
 
 class NbtUsageError(NbtError, ValueError):
     """A public function or magic was called with arguments it cannot use."""
+
+
+class StepError(NbtUsageError):
+    """The user's step raised while being measured; the original exception is ``__cause__``.
+
+    A usage error because the step is the user's code: it must run on its own before it can
+    be measured. ``step`` names the step, ``call`` says which call failed ("timed step 2 of 3").
+    """
+
+    def __init__(self, message: str, *, step: str = "", call: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+        self.call = call
 
 
 class TraceError(NbtError):

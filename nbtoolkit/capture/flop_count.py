@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.capture.step_timing import call_step
+from nbtoolkit.capture.step_runner import call_step
 from nbtoolkit.errors import MetricsError
 from nbtoolkit.model.metrics import MODULE_COLUMNS, OP_COLUMNS
 

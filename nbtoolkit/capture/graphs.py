@@ -55,15 +55,17 @@ propagation, filters) and the compiler stance are restored exactly before return
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.capture.step_runner import run_steps
+from nbtoolkit.errors import NbtUsageError, StepError
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,11 +135,12 @@ def capture_graphs(
     fn: Callable[..., Any],
     /,
     *args: Any,
-    steps: int = 3,
+    steps: int | None = None,
     eager_baseline: bool = True,
     measure_cost: bool = True,
     raise_errors: bool = False,
     label: str | None = None,
+    config: MeasureConfig | None = None,
     **kwargs: Any,
 ) -> GraphReport:
     """Run ``fn(*args, **kwargs)`` and report every graph, graph break, recompile and compile failure.
@@ -147,8 +150,12 @@ def capture_graphs(
     ``1 + steps`` eager calls when ``eager_baseline`` (see the module docstring for what
     each run measures and how a break's cost is measured); ``steps=0`` only records the
     compile of one call. ``label`` names the report (default: ``fn``'s qualified name).
-    The keyword arguments ``steps``, ``eager_baseline``, ``measure_cost``,
-    ``raise_errors`` and ``label`` belong to ``capture_graphs``; pass
+    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) gives ``steps`` (default
+    ``MeasureConfig().steps``; ``steps=`` wins) and whether to synchronise the device; the first,
+    compiling call is the warm-up, so its ``warmup`` is not used.
+    An exception from ``fn`` is recorded in ``report.error`` (``raise_errors=True``: raised, as
+    a StepError for the timed calls). The keyword arguments ``steps``, ``eager_baseline``,
+    ``measure_cost``, ``raise_errors``, ``label`` and ``config`` belong to ``capture_graphs``; pass
     ``functools.partial(fn, steps=...)`` if ``fn`` itself takes one of those names.
 
     Returns a :class:`~nbtoolkit.model.graphs.GraphReport`; ``report.break_summary()``
@@ -158,8 +165,11 @@ def capture_graphs(
         raise NbtUsageError(
             f"capture_graphs needs a callable, got {type(fn).__name__}: pass the step function"
         )
-    if not isinstance(steps, int) or steps < 0:
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
         raise NbtUsageError(f"steps must be an integer >= 0, got {steps!r}")
+    # steps=0: only the compiling call runs, which a MeasureConfig (steps >= 1) cannot say
+    measure = measure_config(config, steps=steps or None, warmup=0)
+    steps = 0 if steps == 0 else measure.steps
     import torch
 
     from nbtoolkit.io.compile_events import CompileEventParser
@@ -175,28 +185,33 @@ def capture_graphs(
     profiled_steps = 0
     profiler_busy = False
     profiled_step_s: float | None = None
+
+    def call() -> Any:
+        return fn(*args, **kwargs)
+
     with _structured_trace_handler() as collector:
         try:
-            start = time.perf_counter()
-            fn(*args, **kwargs)
-            first_call_s = time.perf_counter() - start
+            first_call_s = _time_calls(call, measure, 1, name)[0]  # the compiling call
             if steps:
-                step_time_s = statistics.median(_timed_calls(fn, args, kwargs, steps))
+                step_time_s = statistics.median(_time_calls(call, measure, steps, name))
                 if measure_cost and torch.autograd.profiler._is_profiler_enabled:
                     profiler_busy = True  # a profiler is already running (nbt.profile?): never nest one
                 elif measure_cost:
-                    profiled_events, profiled_step_s = _profile_calls(fn, args, kwargs, steps)
+                    profiled_events, profiled_step_s = _profile_calls(call, measure, steps, name)
                     profiled_steps = steps
                 if eager_baseline:
                     with torch.compiler.set_stance("force_eager"):
-                        fn(*args, **kwargs)  # warm-up: first eager call allocates and loads kernels
-                        eager_step_time_s = statistics.median(_timed_calls(fn, args, kwargs, steps))
+                        # warm-up: the first eager call allocates and loads kernels
+                        eager = run_steps(call, dataclasses.replace(measure, warmup=1), name=name)
+                        eager_step_time_s = statistics.median(eager.times_s)
         except KeyboardInterrupt:
             raise
         except Exception as exc:
             if raise_errors:
                 raise
-            error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            # the report names what the user's code raised, not the runner's wrapper of it
+            cause = exc.__cause__ if isinstance(exc, StepError) and exc.__cause__ is not None else exc
+            error = "".join(traceback.format_exception_only(type(cause), cause)).strip()
         records = list(collector.records)
 
     parser = CompileEventParser(source=name, source_policy=SourcePolicy.live())
@@ -231,19 +246,13 @@ def capture_graphs(
     )
 
 
-def _timed_calls(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], n: int
-) -> list[float]:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn(*args, **kwargs)
-        times.append(time.perf_counter() - start)
-    return times
+def _time_calls(call: Callable[[], Any], measure: MeasureConfig, n: int, name: str) -> list[float]:
+    """Seconds of each of ``n`` calls, no warm-up (the runner's loop)."""
+    return run_steps(call, dataclasses.replace(measure, steps=n, warmup=0), name=name).times_s
 
 
 def _profile_calls(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], n: int
+    call: Callable[[], Any], measure: MeasureConfig, n: int, name: str
 ) -> tuple[list[Any], float]:
     """Run ``n`` calls under the CPU profiler: its events (FunctionEvents with parents), mean s per call."""
     from torch.profiler import ProfilerActivity, profile
@@ -254,10 +263,7 @@ def _profile_calls(
     with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
         prof.start()
     try:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn(*args, **kwargs)
-        per_call = (time.perf_counter() - start) / n
+        per_call = sum(_time_calls(call, measure, n, name)) / n
     finally:
         with native_stderr_silenced():
             prof.stop()

@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.capture.memory_attribution import build_timeline
 from nbtoolkit.capture.memory_profile import refuse_nested_profiler, run_memory_profiled, tensor_events
+from nbtoolkit.capture.step_runner import run_steps
 from nbtoolkit.errors import CaptureError, NbtUsageError
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 
 if TYPE_CHECKING:
     import torch
@@ -58,30 +60,38 @@ PARTIAL_TIMELINE_NOTE = "nbtoolkit: the memory timeline up to this failure is in
 
 def memory_timeline(
     fn: Callable[[], Any],
-    steps: int = 1,
+    steps: int | None = None,
     *,
     model: torch.nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     device: str | None = None,
+    config: MeasureConfig | None = None,
 ) -> MemoryTimeline:
     """Run ``fn`` ``steps`` times and return its :class:`~nbtoolkit.model.memory.MemoryTimeline`.
 
     Args:
         fn: a zero-argument callable, e.g. one training step (forward, backward, optimizer).
-        steps: how many times to call it while recording.
+        steps: how many times to call it while recording (default 1, see ``config``).
         model: the model, to name modules by their path in it (``layers.0.attn``) and to
             count its parameters/gradients/buffers that the run does not touch.
         optimizer: the optimizer, to count its state that the run does not touch.
         device: the device whose memory to show (``cpu``, ``cuda:0``); by default the
             model's device, else ``cpu``.
+        config: a :class:`~nbtoolkit.MeasureConfig`: its ``warmup`` calls run first, unrecorded,
+            then its ``steps`` are recorded (``steps=`` given as well wins). Without it, one
+            call is recorded with no warm-up: a fresh step's allocations, the optimizer state
+            it creates included, are what a timeline is usually wanted for.
 
     The value ``fn`` returned last is in ``timeline.value``. See the module docstring for
     the method and for what happens when ``fn`` raises (``exc.timeline``).
     """
     if not callable(fn):
         raise NbtUsageError(f"memory_timeline() needs a zero-argument callable, got {type(fn).__name__}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise NbtUsageError(f"steps must be a positive integer, got {steps!r}")
+    if config is None:
+        measure = measure_config(MeasureConfig(steps=1, warmup=0), steps=steps)
+    else:
+        measure = measure_config(config, steps=steps)
+    steps = measure.steps
 
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
@@ -100,6 +110,7 @@ def memory_timeline(
         if id(module) not in module_names:
             module_names[id(module)] = tracker.get_known_fqn(module) or type(module).__name__
 
+    run_steps(fn, measure, warmup_only=True)  # before any hook or recording
     tracker.register_user_hooks(pre_fw_hook=remember_module)
     snapshot_dict: dict[str, Any] | None = None
     recording_history = False

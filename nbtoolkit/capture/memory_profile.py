@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.capture._native import native_stderr_silenced
+from nbtoolkit.capture.step_runner import synchronize
 from nbtoolkit.errors import CaptureError
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ __all__ = [
     "profile_memory_series",
     "refuse_nested_profiler",
     "run_memory_profiled",
-    "synchronize",
     "tensor_events",
 ]
 
@@ -74,14 +74,6 @@ def mark(name: str) -> None:
 
     with record_function(MARK_PREFIX + name):
         pass
-
-
-def synchronize() -> None:
-    """Wait for the GPU, if CUDA is in use (so that timings and profiles see finished work)."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def refuse_nested_profiler(caller: str) -> None:

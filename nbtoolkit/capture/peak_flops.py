@@ -8,14 +8,15 @@ device/dtype with a large matrix product (what CPUs get) and cached.
 
 from __future__ import annotations
 
+import functools
 import math
-import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.capture.step_timing import synchronize
+from nbtoolkit.capture.step_runner import run_steps
 from nbtoolkit.errors import MetricsError, NbtUsageError
+from nbtoolkit.model.measure_config import MeasureConfig
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +27,9 @@ MATMUL_SIZE = 2048
 MATMUL_RUNS = 5
 MATMUL_GROW_S = 0.25  # stop doubling the matrix once one product takes this long
 MATMUL_BUDGET_S = 2.0  # at most about this long for the timed products
+
+#: One timed product, no warm-up: the size is chosen from it.
+_ONCE = MeasureConfig(steps=1, warmup=0)
 
 # (device string, dtype name, CPU threads) -> (peak FLOP/s, source). One measurement per process
 # and setting: torch.set_num_threads changes what a CPU can reach.
@@ -90,22 +94,15 @@ def _measure_matmul(device: torch.device, dtype: torch.dtype) -> tuple[float, in
         while True:
             a = torch.randn(size, size, device=device).to(dtype)
             b = torch.randn(size, size, device=device).to(dtype)
-            synchronize(str(device))
-            start = time.perf_counter()
-            out = torch.mm(a, b)  # also the untimed warm-up of the final size
-            synchronize(str(device))
-            once = time.perf_counter() - start
+            first = run_steps(functools.partial(torch.mm, a, b), _ONCE, device=device)
+            out = first.value  # also the untimed warm-up of the final size
+            once = first.times_s[0]
             if size >= MATMUL_SIZE or once > MATMUL_GROW_S:
                 break
             size *= 2
         runs = max(1, min(MATMUL_RUNS, int(MATMUL_BUDGET_S / max(once, 1e-9))))
-        best = math.inf
-        for _ in range(runs):
-            synchronize(str(device))
-            start = time.perf_counter()
-            torch.mm(a, b, out=out)
-            synchronize(str(device))
-            best = min(best, time.perf_counter() - start)
+        timed = run_steps(lambda: torch.mm(a, b, out=out), MeasureConfig(steps=runs, warmup=0), device=device)
+        best = min(timed.times_s)
     return 2.0 * size**3 / best, size, runs
 
 

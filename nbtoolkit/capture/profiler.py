@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
+
 if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
 
@@ -24,22 +26,24 @@ __all__ = ["profile"]
 
 def profile(
     fn: Callable[[], Any],
-    steps: int = 3,
+    steps: int | None = None,
     *,
-    warmup: int = 1,
+    warmup: int | None = None,
     record_shapes: bool = False,
     profile_memory: bool = False,
     with_stack: bool = False,
     trace_path: str | Path | None = None,
     metrics: bool = False,
     tokens_per_step: int | None = None,
+    config: MeasureConfig | None = None,
 ) -> Trace:
     """Profile ``steps`` calls of ``fn`` (after ``warmup`` unprofiled calls) and return the Trace.
 
     Args:
         fn: a zero-argument callable, e.g. one training step.
-        steps: profiled calls, one ``ProfilerStep#N`` each (N counts from 0).
-        warmup: calls before profiling starts.
+        steps: profiled calls, one ``ProfilerStep#N`` each (N counts from 0); default
+            ``MeasureConfig().steps``.
+        warmup: calls before profiling starts; default ``MeasureConfig().warmup``.
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
         trace_path: also keep the exported Chrome trace at this path (``.json``), e.g.
             to open it in Perfetto; by default it goes to a temporary file that is removed.
@@ -48,9 +52,11 @@ def profile(
             ``trace.step_metrics``, with MFU/HFU in the summary. The step times are the
             profiled ones, so MFU is a lower bound (the profiler adds overhead).
         tokens_per_step: tokens one call of ``fn`` processes, for tokens/s (with ``metrics``).
+        config: a :class:`~nbtoolkit.MeasureConfig` (steps, warm-up, whether each step waits
+            for its device work); ``steps=``/``warmup=`` given as well win.
 
-    CPU activities are always recorded, CUDA ones when CUDA is available; with CUDA, each
-    step waits for its device work (``torch.cuda.synchronize`` inside the step's label).
+    CPU activities are always recorded, CUDA ones when CUDA is available; each step waits for
+    its device work (the step runner's ``synchronize`` inside the step's label).
     The profiler is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt
     inside ``fn`` leaves no profiler running; the exception propagates unchanged.
     The value ``fn`` returned last is kept in ``trace.value``.
@@ -58,6 +64,8 @@ def profile(
     from nbtoolkit.capture.torch_profiler import record_step_trace, temporary_trace_file
     from nbtoolkit.io.kineto import load_trace
     from nbtoolkit.io.kineto_args import attach_event_args
+
+    measure = measure_config(config, steps=steps, warmup=warmup)
 
     keep = trace_path is not None
     where = (
@@ -69,8 +77,9 @@ def profile(
         value = record_step_trace(
             fn,
             out,
-            steps=steps,
-            warmup=warmup,
+            steps=measure.steps,
+            warmup=measure.warmup,
+            synchronize=measure.synchronize,
             record_shapes=record_shapes,
             profile_memory=profile_memory,
             with_stack=with_stack,

@@ -7,7 +7,7 @@ How it measures (the definitions are in :mod:`nbtoolkit.model.metrics`):
    backward or recompute (activation checkpointing), per module and per op: see
    :mod:`nbtoolkit.capture.flop_count`.
 3. ``steps`` timed calls WITHOUT the counter (it slows ops down), each synchronised with
-   the device; the median is the step time (:mod:`nbtoolkit.capture.step_timing`).
+   the device; the median is the step time (:mod:`nbtoolkit.capture.step_runner`).
 4. The peak: ``peak_flops`` when given; else the datasheet table
    (:mod:`nbtoolkit.analysis.device_peaks`) for a known accelerator in the dtype that carried
    most FLOPs; else measured once per process and device/dtype with a large matrix product
@@ -20,14 +20,16 @@ importable from here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.capture.flop_count import FlopCounts, count_step_flops
 from nbtoolkit.capture.peak_flops import device_name, given_peak, measure_matmul_peak, resolve_peak
-from nbtoolkit.capture.step_timing import call_step, time_steps
+from nbtoolkit.capture.step_runner import run_steps
 from nbtoolkit.errors import MetricsError, NbtUsageError
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 from nbtoolkit.model.metrics import (
     StepMetrics,
     attach_step_metrics,
@@ -50,7 +52,6 @@ __all__ = [
     "step_metrics",
     "step_metrics_from_times",
     "step_metrics_note",
-    "time_steps",
 ]
 
 
@@ -78,13 +79,14 @@ def step_metrics(
     step: Callable[[], Any],
     *,
     model: Any = None,
-    steps: int = 3,
-    warmup: int = 1,
+    steps: int | None = None,
+    warmup: int | None = None,
     tokens_per_step: int | None = None,
     samples_per_step: int | None = None,
     dtype: Any = None,
     peak_flops: float | None = None,
     measure_peak: Callable[[torch.device, torch.dtype], float] | None = None,
+    config: MeasureConfig | None = None,
 ) -> StepMetrics:
     """Model FLOPs, hardware FLOPs, step time, achieved FLOP/s, MFU and HFU of one training step.
 
@@ -93,8 +95,8 @@ def step_metrics(
             It is called ``warmup + 1 + steps`` times.
         model: the model (optional): its parameter count is reported, and its parameters'
             device/dtype are used when the step runs no counted op on a device.
-        steps: timed steps; the median is the step time.
-        warmup: untimed steps first (compilation, caches).
+        steps: timed steps; the median is the step time (default ``MeasureConfig().steps``).
+        warmup: untimed steps first (compilation, caches); default ``MeasureConfig().warmup``.
         tokens_per_step / samples_per_step: how many tokens / samples one step processes, for
             tokens/s and samples/s.
         dtype: the dtype whose peak applies (default: the dtype that carried most FLOPs, so
@@ -103,23 +105,25 @@ def step_metrics(
         measure_peak: ``(torch.device, torch.dtype) -> FLOP/s`` used for devices not in the
             table (default: the best of a few timed matrix products up to 2048x2048, cached
             per process).
+        config: a :class:`~nbtoolkit.MeasureConfig` (steps, warm-up, synchronisation); ``steps=``
+            and ``warmup=`` given as well override its fields.
 
     Raises:
-        MetricsError: the step raised, ran no FLOP-counted op, or the peak is unknown and
-            cannot be measured.
+        StepError: the step raised (the original exception is its ``__cause__``).
+        MetricsError: the step ran no FLOP-counted op, or the peak is unknown and cannot be
+            measured.
         NbtUsageError: bad arguments.
     """
-    steps_n = _positive_int("steps", steps, minimum=1)
-    warmup_n = _positive_int("warmup", warmup, minimum=0)
-    assert steps_n is not None and warmup_n is not None
+    measure = measure_config(config, steps=steps, warmup=warmup)
     options = _Options.check(step, model=model, tokens_per_step=tokens_per_step,
                              samples_per_step=samples_per_step, dtype=dtype, peak_flops=peak_flops,
                              measure_peak=measure_peak)
-    for index in range(warmup_n):
-        call_step(step, f"warm-up step {index + 1} of {warmup_n}")
+    # the warm-up runs before the FLOP count (compilation must not land in the counted call),
+    # the timed steps after it and without the counter, which slows ops down
+    run_steps(step, measure, warmup_only=True)
     counted = _count_and_peak(step, options)
-    times = time_steps(step, steps=steps_n, device=counted.device)
-    return _build(counted, times, options, warmup=warmup_n)
+    timed = run_steps(step, dataclasses.replace(measure, warmup=0), device=counted.device)
+    return _build(counted, timed.times_s, options, warmup=measure.warmup)
 
 
 def step_metrics_from_times(
@@ -158,8 +162,9 @@ def add_step_metrics(measurement: Any, step: Callable[[], Any], *, errors: str =
     times it already holds. For ``nbt.optimize``: one line per measured configuration.
 
     ``errors="note"`` (default): when the metrics cannot be computed (no FLOP-counted op, an
-    unknown peak that cannot be measured, the step raised), the measurement gets one row
+    unknown peak that cannot be measured), the measurement gets one row
     ``step metrics: not available: <why>`` instead, and None is returned; ``"raise"`` raises.
+    A step that raises is a StepError either way, as on every path that runs the step.
     ``options`` are those of :func:`step_metrics_from_times`.
     """
     if errors not in ("note", "raise"):

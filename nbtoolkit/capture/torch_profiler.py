@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from nbtoolkit.capture._native import native_stderr_silenced
+from nbtoolkit.capture.step_runner import synchronize as device_synchronize
 from nbtoolkit.errors import CaptureError, NbtUsageError
+from nbtoolkit.model.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
 from nbtoolkit.model.steps import profiler_step_label
 
 __all__ = ["record_step_trace", "temporary_trace_file"]
@@ -41,11 +43,12 @@ def record_step_trace(
     fn: Callable[[], Any],
     trace_file: str | Path,
     *,
-    steps: int = 3,
-    warmup: int = 1,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
     record_shapes: bool = False,
     profile_memory: bool = False,
     with_stack: bool = False,
+    synchronize: bool = True,
 ) -> Any:
     """Run ``fn`` ``warmup`` times, then ``steps`` times under torch.profiler; write the Chrome trace.
 
@@ -55,6 +58,7 @@ def record_step_trace(
         steps: profiled calls, one ``ProfilerStep#N`` each (N counts from 0).
         warmup: calls before profiling starts.
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
+        synchronize: wait for the device inside each step's label (``MeasureConfig.synchronize``).
 
     Returns what ``fn`` returned last. See the module docstring for how steps are recorded.
 
@@ -75,13 +79,13 @@ def record_step_trace(
     out = Path(trace_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
-    synchronize = torch.cuda.synchronize if cuda else _nothing
+    wait = device_synchronize if synchronize else _nothing
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
 
     value: Any = None
     for _ in range(warmup):
         value = fn()
-    synchronize()  # warm-up kernels finish before the profiler starts: none lands in step 0
+    wait()  # warm-up kernels finish before the profiler starts: none lands in step 0
 
     prof = torch.profiler.profile(
         activities=activities,
@@ -95,7 +99,7 @@ def record_step_trace(
         for step in range(steps):
             with torch.profiler.record_function(profiler_step_label(step)):
                 value = fn()
-                synchronize()  # inside the label: the step's time covers its device work
+                wait()  # inside the label: the step's time covers its device work
             prof.step()
     finally:
         with native_stderr_silenced():

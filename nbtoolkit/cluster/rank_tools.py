@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from nbtoolkit.model.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
+
 __all__ = [
     "capture_graphs_on_rank",
     "memory_timeline_on_rank",
@@ -23,8 +25,8 @@ __all__ = [
 def profile_to_bytes(
     step: Callable[[], Any],
     *,
-    steps: int = 3,
-    warmup: int = 1,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
     record_shapes: bool = False,
     profile_memory: bool = False,
     with_stack: bool = False,

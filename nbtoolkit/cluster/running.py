@@ -17,6 +17,7 @@ from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
 from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.cluster import PROFILE_STEPS, RemoteRun
+from nbtoolkit.model.measure_config import DEFAULT_WARMUP
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.hang_watch import StallWatch
@@ -204,7 +205,7 @@ class ClusterRunning:
         code_or_fn: Step,
         *,
         steps: int = PROFILE_STEPS,
-        warmup: int = 1,
+        warmup: int = DEFAULT_WARMUP,
         ranks: RankSpec = None,
         record_shapes: bool = False,
         profile_memory: bool = False,

@@ -38,7 +38,7 @@ register(
             Argument(
                 "--steps",
                 type=int,
-                default=APIDefault("nbtoolkit.capture.graphs", "capture_graphs", "steps"),
+                default=APIDefault("nbtoolkit.model.measure_config", "MeasureConfig", "steps"),
                 help="timed, profiled and eager runs of the cell (default %(default)s)",
             ),
             Argument("--no-eager", action="store_true", help="skip the eager baseline runs"),

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from nbtoolkit.magics._display import DISPLAY_ARGUMENTS, show_widget
-from nbtoolkit.magics._registry import APIDefault, Argument, MagicCall, Subcommand, register
+from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
 
 # Accepted so that old cells still run: the magics show no figure of their own any more.
 _NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS)
@@ -24,7 +24,7 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
 
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
-    with DelayedProgress(f"recording the cell's memory (runs: {args.steps})", delay_s=CELL_DELAY_S):
+    with DelayedProgress(f"recording the cell's memory (runs: {args.steps or 1})", delay_s=CELL_DELAY_S):
         timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
     _show_memory_widget(args, call, timeline)
     return timeline
@@ -84,8 +84,8 @@ register(
             Argument(
                 "--steps",
                 type=int,
-                default=APIDefault("nbtoolkit.capture.memory", "memory_timeline", "steps"),
-                help="runs of the cell while recording (default %(default)s)",
+                default=None,
+                help="runs of the cell while recording (default 1)",
             ),
             Argument("--model", default=None, help="the model variable: names modules, counts its tensors"),
             Argument("--optimizer", default=None, help="the optimizer variable: counts its state"),

@@ -25,7 +25,8 @@ def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 def _default(parameter: str) -> APIDefault:
-    return APIDefault("nbtoolkit.capture.step_metrics", "step_metrics", parameter)
+    # step_metrics takes None for "MeasureConfig's default": show that default
+    return APIDefault("nbtoolkit.model.measure_config", "MeasureConfig", parameter)
 
 
 register(Subcommand(

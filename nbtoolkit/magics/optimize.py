@@ -86,7 +86,7 @@ register(
             Argument(
                 "--steps",
                 type=int,
-                default=APIDefault("nbtoolkit.optimizations.config", "MeasureConfig", "steps"),
+                default=APIDefault("nbtoolkit.model.measure_config", "MeasureConfig", "steps"),
                 help="timed steps per measurement (default %(default)s)",
             ),
             Argument("--run", action="store_true", help="no panel: optimize now and show the comparison"),

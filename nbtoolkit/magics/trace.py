@@ -52,7 +52,8 @@ _TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or
 
 
 def _profile_default(parameter: str) -> APIDefault:
-    return APIDefault("nbtoolkit.capture.profiler", "profile", parameter)
+    # profile takes None for "MeasureConfig's default": show that default
+    return APIDefault("nbtoolkit.model.measure_config", "MeasureConfig", parameter)
 
 
 register(

@@ -16,6 +16,7 @@ from typing import Any
 
 from nbtoolkit.errors import RemoteCellError
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.measure_config import DEFAULT_STEPS
 from nbtoolkit.units import format_bytes
 
 __all__ = [
@@ -43,7 +44,7 @@ COLLECTIVE_TIMEOUT_S = 120.0
 #: How long starting the rank workers (placement, process group) may take.
 START_TIMEOUT_S = 120.0
 #: Recorded runs of the step when a cell is profiled on the ranks.
-PROFILE_STEPS = 3
+PROFILE_STEPS = DEFAULT_STEPS
 
 #: After a new process group formed, what to do with a rank variable built on the old one (by kind).
 REBUILD_HINTS = {

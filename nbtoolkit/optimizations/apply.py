@@ -26,6 +26,7 @@ from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.comparison import Comparison
+from nbtoolkit.model.measure_config import measure_config
 from nbtoolkit.optimizations._handle import Applied
 from nbtoolkit.optimizations.amp import autocast_model
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
@@ -77,7 +78,7 @@ def config_from_arguments(**arguments: Any) -> OptimizeConfig:
     if unknown:
         raise NbtUsageError(f"unknown optimize() setting(s) {unknown}: use {sorted(_SETTING_DEFAULTS)}")
     given = {**_SETTING_DEFAULTS, **arguments}
-    measure = MeasureConfig.from_env(
+    measure = measure_config(
         steps=given["steps"], warmup=given["warmup"], categories=given["categories"],
         metrics=given["metrics"], tokens_per_step=given["tokens_per_step"],
     )
@@ -102,7 +103,7 @@ def optimize(
     progress: Progress | None = None,
     metrics: bool = True,
     tokens_per_step: int | None = None,
-    config: OptimizeConfig | None = None,
+    config: OptimizeConfig | MeasureConfig | None = None,
 ) -> Comparison:
     """Measure ``step``, apply the requested changes to ``model``, measure again; a :class:`Comparison`.
 
@@ -117,7 +118,7 @@ def optimize(
         budget_bytes: the device's total peak for ``recompute="auto"`` (bytes, ``"1.5GB"``, or on a
             GPU a share such as ``"90%"``): parameters, gradients and optimizer state count.
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
-        steps, warmup: timed steps and warm-up steps of each measurement (default 5 and 2).
+        steps, warmup: timed steps and warm-up steps of each measurement (default: ``MeasureConfig()``'s).
         undo: restore the model at the end (default); False keeps the changes (``.applied``).
         categories: also measure the peak by torch memory category (one more profiled step each).
         progress: ``progress(done, total, what)`` while measuring.
@@ -125,7 +126,9 @@ def optimize(
             hardware FLOPs, achieved FLOP/s, MFU and HFU (``nbt.step_metrics``) in the table.
         tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
         config: all of the above but ``progress`` as one
-            :class:`~nbtoolkit.optimizations.config.OptimizeConfig`; then leave them out.
+            :class:`~nbtoolkit.optimizations.config.OptimizeConfig`; then leave them out. Or only
+            how each side is measured, as a :class:`~nbtoolkit.MeasureConfig` (the arguments
+            given as well override its fields).
 
     Both measurements start from the same weights: the model's parameters and buffers are
     copied (to the CPU) before the baseline and put back before the second measurement and
@@ -145,9 +148,19 @@ def optimize(
     }
     if config is None:
         config = config_from_arguments(**arguments)
+    elif isinstance(config, MeasureConfig):
+        # categories/metrics left at their defaults keep the config's
+        measure = measure_config(
+            config, steps=steps, warmup=warmup, tokens_per_step=tokens_per_step,
+            categories=None if categories else False, metrics=None if metrics else False,
+        )
+        config = OptimizeConfig.from_env(compile=compile, recompute=recompute, budget_bytes=budget_bytes,
+                                         amp=amp, undo=undo, measure=measure)
     else:
         if not isinstance(config, OptimizeConfig):
-            raise NbtUsageError(f"config must be an OptimizeConfig, got {type(config).__name__}")
+            raise NbtUsageError(
+                f"config must be an OptimizeConfig or a MeasureConfig, got {type(config).__name__}"
+            )
         given = [name for name, value in arguments.items() if value != _SETTING_DEFAULTS[name]]
         if given:
             raise NbtUsageError(
@@ -182,7 +195,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
 
     initial_state = _copy_state(module)
     before = measure_step(
-        step, label="before", settings=measure, config={"compile": None, "recompute": [], "amp": None},
+        step, label="before", config=measure, applied={"compile": None, "recompute": [], "amp": None},
         progress=staged(),
     )
     offset += runs_each
@@ -216,8 +229,8 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
             applied.extend(compile_model(module, **compile_opts))
         _restore_state(module, initial_state)  # planning ran steps too: start "after" where "before" did
         after = measure_step(
-            step, label="after", settings=measure, compiled=compile_opts is not None,
-            config={"compile": compile_opts, "recompute": names or [], "amp": config.amp},
+            step, label="after", config=measure, compiled=compile_opts is not None,
+            applied={"compile": compile_opts, "recompute": names or [], "amp": config.amp},
             progress=staged(),
         )
     except BaseException:

@@ -11,10 +11,9 @@ always win over it. The variables:
 ``NBTOOLKIT_MEMORY_BUDGET``
     the device's total peak for ``recompute="auto"``: bytes, text like ``1.5GB`` / ``1400MiB``,
     or on a GPU a share of its memory like ``90%`` (``OptimizeConfig.budget_bytes``).
-``NBTOOLKIT_MEASURE_STEPS``
-    timed steps of each measurement (``MeasureConfig.steps``), a whole number >= 1.
-``NBTOOLKIT_MEASURE_WARMUP``
-    warm-up steps before the timed ones (``MeasureConfig.warmup``), a whole number >= 0.
+``NBTOOLKIT_MEASURE_STEPS`` / ``NBTOOLKIT_MEASURE_WARMUP``
+    steps and warm-up of every measurement: read by ``nbtoolkit.model.measure_config``
+    (``MeasureConfig``, defined there and re-exported here).
 
 So a training script can be switched without editing it::
 
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.model.measure_config import DEFAULT_STEPS, ENV_STEPS, ENV_WARMUP, MeasureConfig
 from nbtoolkit.optimizations.amp import AMP_DTYPES
 from nbtoolkit.optimizations.compile import compile_options
 from nbtoolkit.units import DeviceShare, parse_budget
@@ -45,74 +45,8 @@ __all__ = [
 
 ENV_RECOMPUTE = "NBTOOLKIT_RECOMPUTE"
 ENV_BUDGET = "NBTOOLKIT_MEMORY_BUDGET"
-ENV_STEPS = "NBTOOLKIT_MEASURE_STEPS"
-ENV_WARMUP = "NBTOOLKIT_MEASURE_WARMUP"
 
 _OFF = {"", "none", "off", "0", "false", "no"}
-
-
-def _whole(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise NbtUsageError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return value
-
-
-def _env_whole(environ: Mapping[str, str], variable: str, *, minimum: int) -> int | None:
-    raw = environ.get(variable, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < minimum:
-        raise NbtUsageError(f"{variable}={raw!r} is not understood: set it to a whole number >= {minimum}")
-    return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureConfig:
-    """How one configuration of a step is measured (``measure_step``; each side of ``nbt.optimize``).
-
-    Attributes:
-        steps: timed steps (their median is the step time), >= 1.
-        warmup: steps run first and not timed (compilation happens there), >= 0.
-        memory: run one more step under the memory profiler for the peak.
-        categories: in that step, also split the peak by torch's memory categories.
-        metrics: run one more step under torch's FLOP counter (FLOPs, MFU, HFU).
-        tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
-    """
-
-    steps: int = 5
-    warmup: int = 2
-    memory: bool = True
-    categories: bool = True
-    metrics: bool = True
-    tokens_per_step: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1 or (
-            isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0
-        ):
-            raise NbtUsageError(
-                f"steps must be >= 1 and warmup >= 0, got steps={self.steps!r}, warmup={self.warmup!r}"
-            )
-        if self.tokens_per_step is not None:
-            _whole("tokens_per_step", self.tokens_per_step, minimum=1)
-
-    @classmethod
-    def from_env(cls, *, environ: Mapping[str, str] | None = None, **given: Any) -> MeasureConfig:
-        """Fields ``given`` (not None) win; ``steps``/``warmup`` left out or None come from
-        ``NBTOOLKIT_MEASURE_STEPS``/``NBTOOLKIT_MEASURE_WARMUP`` when set; the rest are defaults.
-        ``environ`` defaults to ``os.environ``."""
-        env = os.environ if environ is None else environ
-        fields = {k: v for k, v in given.items() if v is not None}
-        for name, variable, minimum in (("steps", ENV_STEPS, 1), ("warmup", ENV_WARMUP, 0)):
-            if name not in fields:
-                value = _env_whole(env, variable, minimum=minimum)
-                if value is not None:
-                    fields[name] = value
-        return cls(**fields)
 
 
 def _block_names(blocks: Any) -> tuple[str, ...] | None:
@@ -142,7 +76,7 @@ class RecomputeConfig:
     """
 
     blocks: tuple[str, ...] | None = None
-    steps: int = 5
+    steps: int = DEFAULT_STEPS
     verify: bool = True
 
     def __post_init__(self) -> None:

@@ -3,9 +3,9 @@
 What is measured, and how:
 
 * **Step time**: ``warmup`` steps are run first (compilation happens there), then
-  ``steps`` steps are timed one by one with ``time.perf_counter``; the median is
-  ``step_time_s`` and the interquartile range (p75 - p25) is ``step_time_spread_s``.
-  On CUDA the clock is read after ``torch.cuda.synchronize()``. ``step_cpu_time_s`` is the
+  ``steps`` steps are timed one by one by :func:`nbtoolkit.capture.step_runner.run_steps`; the
+  median is ``step_time_s`` and the interquartile range (p75 - p25) is ``step_time_spread_s``.
+  The clock is read after a device synchronisation. ``step_cpu_time_s`` is the
   median processor time of the same steps (``time.process_time``): on a machine shared with
   other jobs, wall time includes waiting for a CPU and CPU time does not.
 * **Peak memory**: one more step runs under ``torch.profiler.profile(profile_memory=True)``
@@ -39,16 +39,15 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.capture import memory_profile
 from nbtoolkit.capture.memory_profile import MARK_PREFIX, MemorySeries, mark
-from nbtoolkit.capture.memory_profile import synchronize as _synchronize
+from nbtoolkit.capture.step_runner import call_step, run_steps, step_name
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model.comparison import Measurement
-from nbtoolkit.optimizations.config import MeasureConfig
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 
 __all__ = [
     "MARK_PREFIX",
@@ -73,18 +72,10 @@ def check_step(step: Any) -> Callable[[], Any]:
     return step
 
 
-def run_step(step: Callable[[], Any]) -> Any:
-    """Call the step once; an exception from the user's code becomes one clear NbtUsageError."""
-    try:
-        return step()
-    except (KeyboardInterrupt, NbtUsageError):
-        raise
-    except Exception as exc:
-        name = getattr(step, "__name__", type(step).__name__)
-        raise NbtUsageError(
-            f"the step function {name!r} raised {type(exc).__name__}: {exc}. "
-            "Run it once on its own to fix it; the model was left as it was"
-        ) from exc
+def run_step(step: Callable[[], Any], what: str = "profiled step") -> Any:
+    """Call the step once, outside a timing loop (under the memory profiler); an exception from
+    the user's code becomes the runner's StepError, as in the timed steps."""
+    return call_step(step, what)
 
 
 def loss_value(value: Any) -> float | None:
@@ -107,7 +98,7 @@ def profile_memory_series(
     category at the classified peak or ``{}``, bytes that existed before the step or 0);
     ``total=True`` also measures the device's whole peak (``series.total_peak_bytes``);
     ``device`` limits the series to that device's allocations.
-    An exception from the step becomes one NbtUsageError (:func:`run_step`).
+    An exception from the step becomes one StepError (:func:`run_step`).
     """
     return memory_profile.profile_memory_series(
         lambda: run_step(step), categories=categories, total=total, device=device
@@ -141,63 +132,44 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def time_steps(
-    step: Callable[[], Any], count: int
-) -> tuple[list[float], list[float | None], list[float]]:
-    """Run ``count`` steps, each timed on its own; (wall seconds, losses, CPU seconds) per step.
+def _keeping_values(step: Callable[[], Any], values: list[Any]) -> Callable[[], Any]:
+    """The step, also keeping what each call returned (warm-up ones included) in ``values``;
+    they become floats after the loop, since ``.item()`` would wait for the device mid-step."""
 
-    CPU seconds are ``time.process_time()`` differences: the processor time this process
-    spent (all its threads, user and system), which waiting for a busy machine's CPU does
-    not inflate.
-    """
-    times: list[float] = []
-    cpu: list[float] = []
-    losses: list[float | None] = []
-    for _ in range(count):
-        _synchronize()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        value = run_step(step)
-        _synchronize()
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-        losses.append(loss_value(value))
-    return times, losses, cpu
+    def call() -> Any:
+        value = step()
+        values.append(value)
+        return value
+
+    return call
 
 
 def measure_step(
     step: Callable[[], Any],
     *,
     label: str = "step",
-    steps: int = 5,
-    warmup: int = 2,
-    memory: bool = True,
-    categories: bool = True,
+    steps: int | None = None,
+    warmup: int | None = None,
     compiled: bool = False,
-    config: dict[str, Any] | None = None,
+    applied: dict[str, Any] | None = None,
     progress: Progress | None = None,
-    flops: bool = False,
-    tokens_per_step: int | None = None,
-    settings: MeasureConfig | None = None,
+    config: MeasureConfig | None = None,
 ) -> Measurement:
     """Measure a step as the module docstring describes; returns a :class:`Measurement`.
 
     Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
     step under torch's FLOP counter when ``flops`` is true (model/hardware FLOPs, MFU, HFU
     and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
-    ``settings``, when given, is used instead of ``steps``, ``warmup``, ``memory``,
-    ``categories``, ``flops`` (its ``metrics``) and ``tokens_per_step``.
+    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) says how: steps, warm-up, ``memory``,
+    ``categories``, ``metrics`` (the FLOP-counted step) and ``tokens_per_step``; ``steps=`` and
+    ``warmup=`` override its fields.
     ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
-    ``config`` is what was applied, recorded in ``measurement.config``.
+    ``applied`` is what was applied, recorded in ``measurement.config``.
     ``progress(done, total, what)`` is called after every step.
     """
     check_step(step)
-    if settings is None:
-        settings = MeasureConfig(
-            steps=steps, warmup=warmup, memory=memory, categories=categories, metrics=flops,
-            tokens_per_step=tokens_per_step,
-        )
-    steps, warmup = settings.steps, settings.warmup
-    total = warmup + steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
+    settings = measure_config(config, steps=steps, warmup=warmup)
+    total = settings.warmup + settings.steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -207,21 +179,11 @@ def measure_step(
             progress(done, total, f"{label}: {what}")
 
     graphs_before, breaks_before = _dynamo_counts() if compiled else (0, {})
-    warm_times: list[float] = []
-    losses: list[float | None] = []
-    for _ in range(warmup):
-        t, loss, _ = time_steps(step, 1)
-        warm_times += t
-        losses += loss
-        tick("warm-up step")
-    times: list[float] = []
-    cpu_times: list[float] = []
-    for _ in range(steps):
-        t, loss, cpu = time_steps(step, 1)
-        times += t
-        cpu_times += cpu
-        losses += loss
-        tick("timed step")
+    values: list[Any] = []
+    run = run_steps(_keeping_values(step, values), settings, name=step_name(step), on_step=tick)
+    warm_times, times, cpu_times = run.warmup_times_s, run.times_s, run.cpu_times_s
+    losses = [loss_value(value) for value in values]
+    values.clear()
     median = statistics.median(times)
     spread = _quantile(times, 0.75) - _quantile(times, 0.25)
     measurement = Measurement(
@@ -231,7 +193,7 @@ def measure_step(
         step_times_s=times,
         step_cpu_time_s=statistics.median(cpu_times),
         losses=losses,
-        config=dict(config or {}),
+        config=dict(applied or {}),
     )
     if compiled:
         graphs_after, breaks_after = _dynamo_counts()

@@ -82,6 +82,7 @@ from nbtoolkit.analysis.recompute import (
 )
 from nbtoolkit.capture.device_memory import budget_bytes_for, model_device, model_gpu
 from nbtoolkit.errors import NbtUsageError, PlanError
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.model.recompute_costs import RecomputeCosts
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
@@ -139,10 +140,10 @@ def plan_recompute(
     *,
     step_budget_bytes: Any = None,
     blocks: Sequence[str] | None = None,
-    steps: int = 5,
+    steps: int | None = None,
     verify: bool = True,
     progress: Progress | None = None,
-    config: RecomputeConfig | None = None,
+    config: RecomputeConfig | MeasureConfig | None = None,
 ) -> RecomputePlan:
     """Measure the candidate blocks and choose the cheapest set to checkpoint under a memory budget.
 
@@ -158,13 +159,17 @@ def plan_recompute(
         step_budget_bytes: instead of ``budget_bytes``, a budget for the step's own peak: what it
             allocates above what was live before it (``Measurement.peak_bytes``).
         blocks: candidate module names (``model.named_modules()`` paths); default: the repeated blocks.
-        steps: timing rounds (each: one plain step and one step per candidate checkpointed).
+        steps: timing rounds (each: one plain step and one step per candidate checkpointed);
+            default ``MeasureConfig().steps``.
         verify: apply the chosen plan and measure its real peak (step 8).
         progress: ``progress(done, total, what)`` after each run.
-        config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments.
+        config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments;
+            or a :class:`~nbtoolkit.MeasureConfig` for the timing rounds (its ``steps``; a
+            ``steps=`` given as well wins).
 
     Raises:
-        NbtUsageError: not a module, not a callable step, the step raised, bad block names or budget.
+        NbtUsageError: not a module, not a callable step, bad block names or budget.
+        StepError: the step raised (a NbtUsageError too; the original is its ``__cause__``).
         PlanError: no repeated blocks to choose from, or no plan reaches the budget (the message
             gives the lowest reachable peak, what of it is fixed and what would lower that).
 
@@ -217,13 +222,17 @@ def _budget(module: Any, total: Any, step_only: Any) -> tuple[int | None, str]:
     return budget_bytes_for(total, model_device(module)), "total"
 
 
-def _config(config: Any, *, blocks: Any, steps: int, verify: bool) -> RecomputeConfig:
-    """The settings: ``config`` when given (then the separate arguments must be left alone)."""
-    if config is None:
-        return RecomputeConfig(blocks=blocks, steps=steps, verify=verify)
+def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> RecomputeConfig:
+    """The settings: a RecomputeConfig when given (then the separate arguments must be left
+    alone); else the arguments, the timing rounds merged with a MeasureConfig's steps."""
+    if config is None or isinstance(config, MeasureConfig):
+        measure = measure_config(config, steps=steps)
+        return RecomputeConfig(blocks=blocks, steps=measure.steps, verify=verify)
     if not isinstance(config, RecomputeConfig):
-        raise NbtUsageError(f"config must be a RecomputeConfig, got {type(config).__name__}")
-    arguments = (("blocks", blocks, None), ("steps", steps, 5), ("verify", verify, True))
+        raise NbtUsageError(
+            f"config must be a RecomputeConfig or a MeasureConfig, got {type(config).__name__}"
+        )
+    arguments = (("blocks", blocks, None), ("steps", steps, None), ("verify", verify, True))
     given = [name for name, value, default in arguments if value != default]
     if given:
         raise NbtUsageError(

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.capture.device_memory import model_gpu
 from nbtoolkit.capture.memory_profile import TOTAL_UNKNOWN, MemorySeries, mark
+from nbtoolkit.capture.step_runner import run_steps
 from nbtoolkit.errors import CaptureError, NbtUsageError
+from nbtoolkit.model.measure_config import MeasureConfig
 from nbtoolkit.model.recompute_costs import RecomputeCosts
 from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
 from nbtoolkit.optimizations.measure import profile_memory_series, run_step
@@ -98,12 +100,14 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
+#: One timed call, no warm-up: the rounds interleave configurations, so each is timed alone.
+_ONE_STEP = MeasureConfig(steps=1, warmup=0)
+
+
 def _timed(step: Callable[[], Any], *, cpu: bool) -> float:
     """Seconds one step takes: processor time (``time.process_time``) if ``cpu``, else wall time."""
-    clock = time.process_time if cpu else time.perf_counter
-    start = clock()
-    run_step(step)
-    return clock() - start
+    run = run_steps(step, _ONE_STEP)
+    return run.cpu_times_s[0] if cpu else run.times_s[0]
 
 
 def phases(series: MemorySeries, n: int) -> tuple[list[int], list[frozenset[int]]]:
@@ -150,7 +154,7 @@ def measure_recompute_costs(
     probe = _BlockProbe(blocks)
     try:
         probe.recording_times = False
-        run_step(step)  # warm-up: optimizer state, lazy buffers
+        run_step(step, "warm-up step")  # optimizer state, lazy buffers
         tick("warm-up step")
         step_times, cost = _recompute_times(module, step, names, probe, steps=steps, tick=tick)
         forward = [min(t) if t else 0.0 for t in probe.forward_times]

@@ -133,8 +133,8 @@ class OptimizePanel:
         budget_bytes: float | None = None,
         compile: bool | dict[str, Any] = False,
         amp: str | None = None,
-        steps: int = 5,
-        warmup: int = 2,
+        steps: int | None = None,
+        warmup: int | None = None,
     ) -> None:
         import ipywidgets as widgets
 
@@ -252,8 +252,8 @@ def optimize_panel(
     budget_bytes: Any = None,
     compile: bool | dict[str, Any] = False,
     amp: str | None = None,
-    steps: int = 5,
-    warmup: int = 2,
+    steps: int | None = None,
+    warmup: int | None = None,
 ) -> OptimizePanel:
     """Measure the candidates once (unless ``plan`` is given) and build the interactive panel."""
     from nbtoolkit.optimizations.recompute import plan_recompute
@@ -261,6 +261,6 @@ def optimize_panel(
 
     budget = None if budget_bytes is None else parse_bytes(budget_bytes)
     if plan is None:
-        plan = plan_recompute(model, step, None, steps=min(steps, 3))
+        plan = plan_recompute(model, step, None, steps=steps)
     return OptimizePanel(model, step, plan, budget_bytes=budget, compile=compile, amp=amp,
                          steps=steps, warmup=warmup)

@@ -31,7 +31,6 @@ MOVED = {
         "count_step_flops": "nbtoolkit.capture.flop_count",
         "measure_matmul_peak": "nbtoolkit.capture.peak_flops",
         "resolve_peak": "nbtoolkit.capture.peak_flops",
-        "time_steps": "nbtoolkit.capture.step_timing",
     },
     "nbtoolkit.integrations.deepspeed": {
         "KNOBS": "nbtoolkit.integrations.deepspeed.config",

@@ -190,7 +190,7 @@ def test_keyboard_interrupt_propagates_with_timeline() -> None:
 def test_usage_errors() -> None:
     with pytest.raises(NbtUsageError, match="callable"):
         nbt.memory_timeline(42)  # type: ignore[arg-type]
-    with pytest.raises(NbtUsageError, match="steps must be a positive integer, got 0"):
+    with pytest.raises(NbtUsageError, match="steps must be >= 1 and warmup >= 0, got steps=0"):
         nbt.memory_timeline(lambda: None, steps=0)
 
 

@@ -191,7 +191,7 @@ def test_magic_errors_are_clear(shell: InteractiveShell, tmp_path: Path) -> None
 
     with pytest.raises(NbtUsageError, match="no model named 'missing_model'"):
         shell.run_cell_magic("nbt", "memory --model missing_model", "1 + 1")
-    with pytest.raises(NbtUsageError, match="steps must be a positive integer, got 0"):
+    with pytest.raises(NbtUsageError, match="steps must be >= 1 and warmup >= 0, got steps=0"):
         shell.run_cell_magic("nbt", "memory --steps 0", "1 + 1")
     with pytest.raises(SnapshotError, match="no memory snapshot at"):
         shell.run_line_magic("nbt", f"snapshot {tmp_path / 'missing.pickle'}")

@@ -13,8 +13,8 @@ from nbtoolkit.capture.step_metrics import (
     add_step_metrics,
     step_metrics_from_times,
     step_metrics_note,
-    time_steps,
 )
+from nbtoolkit.capture.step_runner import run_steps
 from nbtoolkit.model.comparison import Comparison, Measurement
 
 
@@ -43,7 +43,7 @@ def test_add_step_metrics_to_measurements_of_a_comparison(make_gpt: Any) -> None
     plain, ckpt = make_gpt(), make_gpt(recompute="non-reentrant")
     measurements = []
     for label, setup in (("before", plain), ("after", ckpt)):
-        times = time_steps(setup.step, steps=2, device="cpu")
+        times = run_steps(setup.step, nbt.MeasureConfig(steps=2, warmup=0), device="cpu").times_s
         measurement = Measurement(label=label, step_time_s=sorted(times)[0], step_time_spread_s=0.0,
                                   step_times_s=times)
         metrics = add_step_metrics(measurement, setup.step, tokens_per_step=setup.tokens)

@@ -13,6 +13,7 @@ import torch
 import nbtoolkit as nbt
 from nbtoolkit.capture import peak_flops
 from nbtoolkit.capture import step_metrics as capture
+from nbtoolkit.capture.step_runner import run_steps
 
 
 def test_model_flops_match_the_analytic_count(make_gpt: Any) -> None:
@@ -70,9 +71,10 @@ def test_with_recomputation_hfu_rises_and_mfu_stays_within_noise(make_gpt: Any) 
     # Time the two alternately so that both see the same load on a shared machine.
     plain_times: list[float] = []
     ckpt_times: list[float] = []
+    one = nbt.MeasureConfig(steps=1, warmup=0)
     for _ in range(5):
-        plain_times += capture.time_steps(plain_setup.step, steps=1, device="cpu")
-        ckpt_times += capture.time_steps(ckpt_setup.step, steps=1, device="cpu")
+        plain_times += run_steps(plain_setup.step, one, device="cpu").times_s
+        ckpt_times += run_steps(ckpt_setup.step, one, device="cpu").times_s
     plain = capture.step_metrics_from_times(plain_setup.step, plain_times)
     ckpt = capture.step_metrics_from_times(ckpt_setup.step, ckpt_times)
     assert ckpt.model_flops == plain.model_flops
@@ -124,8 +126,10 @@ def test_a_step_that_raises_is_a_metrics_error_and_leaves_no_hook(make_gpt: Any)
         if len(calls) == 2:  # fails during FLOP counting, with the counter's hooks installed
             raise RuntimeError("CUDA out of memory (simulated)")
 
-    with pytest.raises(nbt.MetricsError, match=r"step raised RuntimeError during FLOP counting: CUDA out of"):
+    expected = r"raised RuntimeError during the FLOP counting: CUDA out of"
+    with pytest.raises(nbt.StepError, match=expected) as info:
         nbt.step_metrics(step, warmup=1)
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.call == "FLOP counting"
     # the conftest fixture asserts that no module hook or dispatch mode is left behind
     assert not torch._C._is_torch_function_mode_enabled()
 
@@ -134,7 +138,8 @@ def test_a_step_that_raises_in_warmup_names_the_phase() -> None:
     def step() -> None:
         raise ValueError("bad batch")
 
-    with pytest.raises(nbt.MetricsError, match="during warm-up step 1 of 1: bad batch"):
+    expected = "'step' raised ValueError during the warm-up step 1 of 1: bad batch"
+    with pytest.raises(nbt.StepError, match=expected):
         nbt.step_metrics(step)
 
 

@@ -110,12 +110,13 @@ def test_config_and_separate_arguments_are_not_mixed() -> None:
     model, step = make_gpt(hidden=[16, 16], dim=16, batch=2, seq=8)
     with pytest.raises(NbtUsageError, match=r"amp, steps given both as argument\(s\) and in config="):
         optimize(model, step, config=OptimizeConfig(), steps=3, amp="bf16")
-    with pytest.raises(NbtUsageError, match="config must be an OptimizeConfig, got dict"):
+    with pytest.raises(NbtUsageError, match="config must be an OptimizeConfig or a MeasureConfig, got dict"):
         optimize(model, step, config={"steps": 3})  # type: ignore[arg-type]
     with pytest.raises(NbtUsageError, match="verify given both as argument"):
         plan_recompute(model, step, None, verify=False, config=RecomputeConfig())
-    with pytest.raises(NbtUsageError, match="config must be a RecomputeConfig, got MeasureConfig"):
-        plan_recompute(model, step, None, config=MeasureConfig())  # type: ignore[arg-type]
+    wrong = "config must be a RecomputeConfig or a MeasureConfig, got OptimizeConfig"
+    with pytest.raises(NbtUsageError, match=wrong):
+        plan_recompute(model, step, None, config=OptimizeConfig())  # type: ignore[arg-type]
 
 
 def test_optimize_runs_from_a_config() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, PlanError
+from nbtoolkit.errors import NbtUsageError, PlanError, StepError
 from nbtoolkit.optimizations.apply import optimize
 from tests.optimize._models import make_gpt
 
@@ -136,8 +136,10 @@ def test_bad_input_leaves_model_as_it_was(budget: int) -> None:
             raise ValueError("boom")
         return step()
 
-    with pytest.raises(NbtUsageError, match="ValueError: boom"):
+    expected = "the step 'flaky' raised ValueError during the (timed|profiled) step.*: boom"
+    with pytest.raises(StepError, match=expected) as info:
         optimize(model, flaky, recompute=["blocks.0"], steps=1, warmup=0, categories=False)
+    assert isinstance(info.value, NbtUsageError) and isinstance(info.value.__cause__, ValueError)
     assert _untouched(model)
 
 

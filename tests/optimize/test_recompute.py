@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from nbtoolkit.errors import NbtUsageError, PlanError
+from nbtoolkit.errors import NbtUsageError, PlanError, StepError
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.optimizations.measure import profile_memory_series
 from nbtoolkit.optimizations.recompute import (
@@ -174,8 +174,10 @@ def test_step_that_raises_is_one_usage_error(planned: Any) -> None:
     def broken_step() -> None:
         raise RuntimeError("shapes do not match")
 
-    with pytest.raises(NbtUsageError, match=r"broken_step.*RuntimeError: shapes do not match"):
+    expected = r"'broken_step' raised RuntimeError during the warm-up step: shapes do not match"
+    with pytest.raises(StepError, match=expected) as info:
         plan_recompute(model, broken_step, 10**6)
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.step == "broken_step"
     assert _untouched(model)
 
 

@@ -111,7 +111,7 @@ def test_cell_magic_profile_with_memory_and_shapes(shell):
 def test_cell_magic_profile_bad_steps_is_a_usage_error(shell):
     result = shell.run_cell("%%nbt profile --steps 0\npass\n")
     assert isinstance(result.error_in_exec, nbt.NbtUsageError)
-    assert "steps must be a positive integer" in str(result.error_in_exec)
+    assert "steps must be >= 1 and warmup >= 0, got steps=0" in str(result.error_in_exec)
 
 
 def _layout(trace: nbt.Trace) -> dict[str, object]:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.capture.memory_profile import live_tensor_bytes
+from nbtoolkit.capture.step_runner import run_steps
+from nbtoolkit.model.measure_config import MeasureConfig
 
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 
@@ -64,15 +66,15 @@ def sweep_one_on_rank(
     batch_fn: Callable[[int], Any],
     config: dict[str, Any],
     *,
-    steps: int,
-    warmup: int,
+    measure: MeasureConfig,
     lr: float,
     loss_fn: Callable[[Any, Any], Any] | None,
 ) -> dict[str, Any]:
-    """Build the model under ``config``, time ``steps`` steps, profile ``steps`` more; return numbers."""
+    """Build the model under ``config``; after ``measure.warmup`` steps, time ``measure.steps``
+    steps (synchronised with the device), profile as many more; return numbers."""
+    import dataclasses
     import gc
     import json
-    import time
 
     import torch
     import torch.distributed as dist
@@ -85,14 +87,9 @@ def sweep_one_on_rank(
     engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
 
     try:
-        for _ in range(warmup):
-            step()
-        dist.barrier()
-        times = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - started)
+        run_steps(step, measure, warmup_only=True)
+        dist.barrier()  # every rank starts its timed steps together
+        times = run_steps(step, dataclasses.replace(measure, warmup=0)).times_s
         gc.collect()
         cuda = torch.cuda.is_available()
         if cuda:
@@ -100,7 +97,7 @@ def sweep_one_on_rank(
             base = 0
         else:
             base = max(0, live_tensor_bytes() - before)
-        profiled = profile_to_bytes(step, steps=steps, warmup=0, profile_memory=not cuda)
+        profiled = profile_to_bytes(step, steps=measure.steps, warmup=0, profile_memory=not cuda)
         if cuda:
             peak = int(torch.cuda.max_memory_allocated())
         else:

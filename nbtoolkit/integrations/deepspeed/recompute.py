@@ -32,6 +32,7 @@ from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 from nbtoolkit.units import format_bytes, format_seconds, parse_bytes
 
 if TYPE_CHECKING:
@@ -130,11 +131,12 @@ def zero_plan_recompute(
     stage: int | None = None,
     blocks: Sequence[str] | None = None,
     steps: int = 2,
-    timed_steps: int = 3,
+    timed_steps: int | None = None,
     micro_batch_size: int = 8,
     knobs: dict[str, Any] | None = None,
     lr: float = 1e-3,
     loss_fn: Callable[[Any, Any], Any] | None = None,
+    config: MeasureConfig | None = None,
 ) -> ZeroRecompute:
     """Choose, per ZeRO stage and budget, one set of blocks to recompute that keeps every rank under it.
 
@@ -145,7 +147,10 @@ def zero_plan_recompute(
             them; None measures only (the table's reference columns, no plans).
         stages: ZeRO stages to try (or ``stage=`` for one).
         blocks: candidate module names; default the model's repeated blocks.
-        steps: timing rounds of the candidate measurement; timed_steps: steps timed per plan.
+        steps: timing rounds of the candidate measurement; timed_steps: steps timed per plan
+            (default ``MeasureConfig().steps``).
+        config: a :class:`~nbtoolkit.MeasureConfig` for the steps timed per plan (its ``steps``;
+            ``timed_steps=`` given as well wins) and the synchronisation.
         knobs: further ZeRO settings for :func:`zero_config` (``reduce_bucket_size=...``). Note
             that DeepSpeed's default reduce bucket (5e8 elements) is itself 2 GB of fp32 on each
             rank, allocated during the step, and so counts against the budget.
@@ -158,14 +163,15 @@ def zero_plan_recompute(
         if s not in (1, 2, 3):
             raise NbtUsageError(f"ZeRO stage must be 1, 2 or 3 for a recompute plan, got {s!r}")
     budgets = _budgets(budget)
+    measure = measure_config(config, steps=timed_steps)
     rows, rank_rows = [], []
     names: list[str] = []
     for s in chosen_stages:
-        config = zero_config(stage=s, micro_batch_size=micro_batch_size, **(knobs or {}))
+        ds_config = zero_config(stage=s, micro_batch_size=micro_batch_size, **(knobs or {}))
         results = cluster.run(
-            lambda config=config: recompute_on_rank(
-                model_fn, batch_fn, config, budgets=budgets, blocks=blocks, steps=steps,
-                timed_steps=timed_steps, lr=lr, loss_fn=loss_fn,
+            lambda ds_config=ds_config: recompute_on_rank(
+                model_fn, batch_fn, ds_config, budgets=budgets, blocks=blocks, steps=steps,
+                timing=measure, lr=lr, loss_fn=loss_fn,
             )
         )
         names = results[0]["blocks"]

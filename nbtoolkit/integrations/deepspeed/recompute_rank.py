@@ -19,10 +19,13 @@ broadcast, never recomputed on each rank from floating-point results.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from nbtoolkit.capture.step_runner import call_step, run_steps
+from nbtoolkit.model.measure_config import MeasureConfig
 
 __all__ = ["recompute_on_rank"]
 
@@ -73,7 +76,7 @@ def recompute_on_rank(
     budgets: Sequence[int],
     blocks: Sequence[str] | None,
     steps: int,
-    timed_steps: int,
+    timing: MeasureConfig,
     lr: float,
     loss_fn: Callable[[Any, Any], Any] | None,
 ) -> dict[str, Any]:
@@ -82,7 +85,6 @@ def recompute_on_rank(
     Returns this rank's ``costs`` and, per budget, the plan's blocks, predicted peak (worst
     rank), every rank's measured total peak and step time, or the PlanError text.
     """
-    import torch
     import torch.distributed as dist
 
     from nbtoolkit.analysis.recompute import solve_recompute
@@ -116,18 +118,13 @@ def recompute_on_rank(
             """Every rank's total peak, median step time and last loss with ``chosen`` checkpointed."""
             if chosen not in measured:
                 with checkpoint_blocks(module, list(chosen)):
-                    step()  # warm-up under the new wrappers
+                    call_step(step, "warm-up step under the new wrappers")
                     series, _, _ = profile_memory_series(step, total=True, device=gpu)
-                    times = []
-                    for _ in range(timed_steps):
-                        if gpu is not None:
-                            torch.cuda.synchronize(gpu)
-                        started = time.perf_counter()
-                        loss = step()
-                        if gpu is not None:
-                            torch.cuda.synchronize(gpu)
-                        times.append(time.perf_counter() - started)
-                mine = (series.total_peak_bytes or series.peak_bytes, statistics.median(times), float(loss))
+                    timed = run_steps(step, dataclasses.replace(timing, warmup=0), device=gpu)
+                mine = (
+                    series.total_peak_bytes or series.peak_bytes, statistics.median(timed.times_s),
+                    float(timed.value),
+                )
                 peaks, medians, losses = zip(*_gathered(mine), strict=True)
                 measured[chosen] = {"peak": list(peaks), "step_time_s": list(medians), "loss": list(losses)}
             return measured[chosen]

@@ -39,6 +39,7 @@ from nbtoolkit.integrations.deepspeed.config import (
 )
 from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
 from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.model.measure_config import MeasureConfig, measure_config
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,12 +101,13 @@ def zero_sweep(
     *,
     settings: Sequence[dict[str, Any]] | None = None,
     grid: dict[str, Iterable[Any]] | None = None,
-    steps: int = 3,
-    warmup: int = 1,
+    steps: int | None = None,
+    warmup: int | None = None,
     micro_batch_size: int = 8,
     lr: float = 1e-3,
     loss_fn: Callable[[Any, Any], Any] | None = None,
     keep_traces: bool = True,
+    config: MeasureConfig | None = None,
 ) -> ZeroSweep:
     """Run a few DeepSpeed steps per ZeRO configuration on every rank of ``cluster``.
 
@@ -115,6 +117,8 @@ def zero_sweep(
         settings: configurations (dicts of :data:`KNOBS`); default :func:`default_settings`.
         grid: instead of settings, every combination of these knob values.
         loss_fn: ``loss_fn(output, targets)``; default MSE against targets, or mean square.
+        steps, warmup, config: how each configuration is timed (a :class:`~nbtoolkit.MeasureConfig`;
+            ``steps=``/``warmup=`` given as well win; defaults ``MeasureConfig()``'s).
     Returns:
         A :class:`ZeroSweep` (definitions of each number in the module docstring).
     """
@@ -124,8 +128,8 @@ def zero_sweep(
 
     if settings is not None and grid is not None:
         raise NbtUsageError("give settings or grid, not both")
-    if steps < 1 or warmup < 0:
-        raise NbtUsageError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    measure = measure_config(config, steps=steps, warmup=warmup)
+    steps = measure.steps
     if grid is not None:
         chosen = grid_settings(grid)
     elif settings is not None:
@@ -139,10 +143,10 @@ def zero_sweep(
     rows = []
     traces: dict[str, Trace] = {}
     for setting in chosen:
-        config = zero_config(micro_batch_size=micro_batch_size, **setting)
+        ds_config = zero_config(micro_batch_size=micro_batch_size, **setting)
         results = cluster.run(
-            lambda config=config: sweep_one_on_rank(
-                model_fn, batch_fn, config, steps=steps, warmup=warmup, lr=lr, loss_fn=loss_fn
+            lambda ds_config=ds_config: sweep_one_on_rank(
+                model_fn, batch_fn, ds_config, measure=measure, lr=lr, loss_fn=loss_fn
             )
         )
         name = label(setting)
