@@ -14,8 +14,8 @@ How it measures (the definitions are in :mod:`nbtoolkit.model.metrics`):
    (what CPUs get) and cached (:mod:`nbtoolkit.capture.peak_flops`).
 
 This module checks the arguments, runs the steps in that order and assembles the
-:class:`~nbtoolkit.model.metrics.StepMetrics`; the counting, timing and peak functions stay
-importable from here.
+:class:`~nbtoolkit.model.metrics.StepMetrics`; the counting, timing and peak functions live in
+the modules named above.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.capture.flop_count import FlopCounts, count_step_flops
-from nbtoolkit.capture.peak_flops import device_name, given_peak, measure_matmul_peak, resolve_peak
+from nbtoolkit.capture.peak_flops import device_name, given_peak, resolve_peak
 from nbtoolkit.capture.step_timing import call_step, time_steps
 from nbtoolkit.errors import MetricsError, NbtUsageError
 from nbtoolkit.model.metrics import (
@@ -39,18 +39,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "FlopCounts",
     "add_step_metrics",
     "attach_step_metrics",
-    "count_step_flops",
-    "measure_matmul_peak",
     "measurement_extra",
     "metrics_frame",
-    "resolve_peak",
     "step_metrics",
     "step_metrics_from_times",
     "step_metrics_note",
-    "time_steps",
 ]
 
 

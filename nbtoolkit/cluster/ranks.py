@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import ClusterError
-from nbtoolkit.model.cluster import RankCallResult, RankFailure  # plain data: re-exported here
+from nbtoolkit.model.cluster import RankCallResult, RankFailure
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.hang_watch import StallWatch
     from nbtoolkit.model.hang import HangReport
 
-__all__ = ["RankCallResult", "RankFailure", "RankGroup", "RankInfo"]
+__all__ = ["RankGroup", "RankInfo"]
 
 OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", text)
 

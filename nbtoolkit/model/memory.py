@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model._providers import provided
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.units import format_bytes  # re-exported: older imports name it here
+from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +50,6 @@ __all__ = [
     "PHASES",
     "MemoryComparison",
     "MemoryTimeline",
-    "format_bytes",
 ]
 
 #: torch.profiler._memory_profiler.Category names (lower case) plus "unknown" for

@@ -9,12 +9,8 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.capture.step_metrics import (
-    add_step_metrics,
-    step_metrics_from_times,
-    step_metrics_note,
-    time_steps,
-)
+from nbtoolkit.capture.step_metrics import add_step_metrics, step_metrics_from_times, step_metrics_note
+from nbtoolkit.capture.step_timing import time_steps
 from nbtoolkit.model.comparison import Comparison, Measurement
 
 
