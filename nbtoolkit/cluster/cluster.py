@@ -371,8 +371,8 @@ class Cluster(ClusterTransfer, Result):
     ) -> Any:
         """Blocks to recompute under DeepSpeed ZeRO so every rank's device stays under ``budget=``.
 
-        ``zero_plan_recompute(self, model_fn, batch_fn, **options)`` (:mod:`nbtoolkit.integrations.deepspeed.recompute`):
-        ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
+        ``zero_plan_recompute(self, model_fn, batch_fn, **options)`` (in
+        :mod:`nbtoolkit.integrations.deepspeed.recompute`): ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
         """
         from nbtoolkit.model._providers import provided
 
