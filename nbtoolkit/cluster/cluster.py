@@ -372,7 +372,8 @@ class Cluster(ClusterTransfer, Result):
         """Blocks to recompute under DeepSpeed ZeRO so every rank's device stays under ``budget=``.
 
         ``zero_plan_recompute(self, model_fn, batch_fn, **options)`` (in
-        :mod:`nbtoolkit.integrations.deepspeed.recompute`): ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
+        :mod:`nbtoolkit.integrations.deepspeed.recompute`): ``budget=`` (bytes or a list), ``stage=``
+        or ``stages=``, ``blocks=``; a ZeroRecompute table.
         """
         from nbtoolkit.model._providers import provided
 
