@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from nbtoolkit.errors import ClusterError
 
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.cluster import Cluster
+    # running, not cluster: cluster.py calls this module, so naming Cluster here would be a cycle
+    from nbtoolkit.cluster.running import ClusterRunning
     from nbtoolkit.io.trace_summaries import RankOutcome
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.model.trace_summary import TraceSummary
@@ -79,7 +80,7 @@ def _load_files_on_rank(assignment: dict[int, list[str]], cache: bool) -> Trace 
 
 
 def summarize_on_cluster(
-    cluster: Cluster,
+    cluster: ClusterRunning,
     where: str,
     *,
     cache: bool = False,
@@ -118,7 +119,7 @@ def summarize_on_cluster(
 
 
 def load_ranks_on_cluster(
-    cluster: Cluster, summary: TraceSummary, ranks: list[int], *, cache: bool = False
+    cluster: ClusterRunning, summary: TraceSummary, ranks: list[int], *, cache: bool = False
 ) -> Trace:
     """The events of the chosen trace ranks, read on the nodes holding their files."""
     from nbtoolkit.model.trace import Trace
