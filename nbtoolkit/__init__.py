@@ -52,12 +52,14 @@ _LAZY_EXPORTS: dict[str, str] = {
     "MemorySnapshot": "nbtoolkit.model.snapshot",
     "MemoryTimeline": "nbtoolkit.model.memory",
     "OptimizeConfig": "nbtoolkit.optimizations.config",
+    "OverlapReport": "nbtoolkit.views.trace_views",
     "RankMemory": "nbtoolkit.model.rank_memory",
     "RecomputeConfig": "nbtoolkit.optimizations.config",
     "RecomputePlan": "nbtoolkit.model.plan",
     "Roofline": "nbtoolkit.model.roofline",
     "StepMetrics": "nbtoolkit.model.metrics",
     "Trace": "nbtoolkit.model.trace",
+    "TraceReport": "nbtoolkit.views.trace_views",
     "TraceSummary": "nbtoolkit.model.trace_summary",
     "capture_graphs": "nbtoolkit.capture.graphs",
     "comm_comp_overlap": "nbtoolkit.analysis.overlap",
@@ -199,3 +201,4 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.views.optimize import optimize_panel
     from nbtoolkit.views.report import report
     from nbtoolkit.views.timeline_widget import memory_widget, timeline_widget
+    from nbtoolkit.views.trace_views import OverlapReport, TraceReport

@@ -42,6 +42,8 @@ from nbtoolkit.model.inputs import as_trace
 from nbtoolkit.model.steps import step_number_table
 
 if TYPE_CHECKING:
+    from os import PathLike
+
     import pandas as pd
 
     from nbtoolkit.model.trace import Trace
@@ -56,7 +58,7 @@ Intervals = tuple[np.ndarray, np.ndarray]
 
 
 def comm_comp_overlap(
-    trace: Trace | TraceSummary,
+    trace: Trace | TraceSummary | str | PathLike[str],
     *,
     by: Literal["rank", "iteration", "collective"] = "rank",
     include_last_step: bool = False,
@@ -77,8 +79,12 @@ def comm_comp_overlap(
 
     ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
 
-    ``trace`` may be a :class:`~nbtoolkit.model.trace_summary.TraceSummary` (``nbt.summarize_traces``):
-    its per-rank and per-step tables are returned (the events needed per call are not in it).
+    This is the one door for the overlap of a folder of traces: ``trace`` may be a Trace, the path
+    of a trace file or of a folder of per-rank traces (read with ``nbt.load_trace``), or a
+    :class:`~nbtoolkit.model.trace_summary.TraceSummary` (``nbt.summarize_traces(folder)`` or
+    ``cluster.summarize_traces(where)``, for folders too large to hold every event): its per-rank
+    and per-step tables are returned (the events needed per call are not in it). ``%nbt overlap``
+    shows this function's table (``nbt.OverlapReport``).
     """
     from nbtoolkit.model.trace_summary import TraceSummary
 

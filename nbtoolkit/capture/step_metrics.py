@@ -14,8 +14,8 @@ How it measures (the definitions are in :mod:`nbtoolkit.model.metrics`):
    (what CPUs get) and cached (:mod:`nbtoolkit.capture.peak_flops`).
 
 This module checks the arguments, runs the steps in that order and assembles the
-:class:`~nbtoolkit.model.metrics.StepMetrics`; the counting, timing and peak functions stay
-importable from here.
+:class:`~nbtoolkit.model.metrics.StepMetrics`; the counting, timing and peak functions live in
+the modules named above.
 """
 
 from __future__ import annotations
@@ -41,14 +41,10 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "FlopCounts",
     "add_step_metrics",
     "attach_step_metrics",
-    "count_step_flops",
-    "measure_matmul_peak",
     "measurement_extra",
     "metrics_frame",
-    "resolve_peak",
     "step_metrics",
     "step_metrics_from_times",
     "step_metrics_note",

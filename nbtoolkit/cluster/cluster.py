@@ -13,9 +13,7 @@ across calls, pre-filled with ``rank``, ``world_size``, ``torch``, ``dist`` and 
 This module holds the cluster's lifecycle (start, connect, status, restart, close). The
 class gets its other jobs from two mixins: running code and instruments on the ranks
 (:mod:`nbtoolkit.cluster.running`) and moving variables and files (:mod:`nbtoolkit.cluster.transfer`).
-Its results are model objects (:mod:`nbtoolkit.model.cluster`); the names below that used to
-be defined here (``RemoteRun``, ``ClusterStatus``, ``RemoteCellError``, ``parse_ranks``) are
-re-exported so old imports keep working.
+Its results are model objects (:mod:`nbtoolkit.model.cluster`).
 """
 
 from __future__ import annotations
@@ -24,17 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.cluster.rank_spec import parse_ranks, rank_count
-from nbtoolkit.cluster.running import OutputCallback
+from nbtoolkit.cluster.rank_spec import rank_count
 from nbtoolkit.cluster.transfer import ClusterTransfer
-from nbtoolkit.errors import ClusterError, NbtUsageError, RemoteCellError
+from nbtoolkit.errors import ClusterError, NbtUsageError
 from nbtoolkit.model._result import Result, escape
 from nbtoolkit.model.cluster import (
     COLLECTIVE_TIMEOUT_S,
     DEFAULT_RANKS,
     START_TIMEOUT_S,
     ClusterStatus,
-    RemoteRun,
 )
 
 if TYPE_CHECKING:
@@ -43,7 +39,7 @@ if TYPE_CHECKING:
     from nbtoolkit.model.trace import Trace
     from nbtoolkit.model.trace_summary import TraceSummary
 
-__all__ = ["Cluster", "ClusterStatus", "OutputCallback", "RemoteCellError", "RemoteRun", "parse_ranks"]
+__all__ = ["Cluster"]
 
 #: Object store of a local cluster: results travel through it, traces are the largest.
 OBJECT_STORE_MB = 256
@@ -375,8 +371,9 @@ class Cluster(ClusterTransfer, Result):
     ) -> Any:
         """Blocks to recompute under DeepSpeed ZeRO so every rank's device stays under ``budget=``.
 
-        ``nbtoolkit.integrations.deepspeed.zero_plan_recompute(self, model_fn, batch_fn, **options)``:
-        ``budget=`` (bytes or a list), ``stage=`` or ``stages=``, ``blocks=``; a ZeroRecompute table.
+        ``zero_plan_recompute(self, model_fn, batch_fn, **options)`` (in
+        :mod:`nbtoolkit.integrations.deepspeed.recompute`): ``budget=`` (bytes or a list), ``stage=``
+        or ``stages=``, ``blocks=``; a ZeroRecompute table.
         """
         from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
 

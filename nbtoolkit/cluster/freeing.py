@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.errors import ClusterError
 
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.ranks import OutputCallback, RankGroup
+    from nbtoolkit.cluster.group_types import OutputCallback, RankGroupLike
     from nbtoolkit.model.cluster import RankCallResult
 
 __all__ = ["free_stuck", "interrupts_deferred", "sever_peer_connections"]
@@ -59,7 +59,7 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 def free_stuck(
-    group: RankGroup, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None
+    group: RankGroupLike, refs: dict[Any, int], result: RankCallResult, on_output: OutputCallback | None
 ) -> None:
     """Free the ranks an interrupt could not stop, then give every rank a fresh process group.
 
@@ -119,7 +119,7 @@ def free_stuck(
     if on_output is not None:
         group._flush_outcomes(result, on_output)
 
-def sever_peer_connections(group: RankGroup) -> None:
+def sever_peer_connections(group: RankGroupLike) -> None:
     """Cut the TCP connections between rank processes (:mod:`nbtoolkit.cluster.peer_sockets`).
 
     Asked of every live rank on its control thread, the blocked ones included: a gloo

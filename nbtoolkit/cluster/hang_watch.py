@@ -31,7 +31,7 @@ from nbtoolkit.model.hang import (
 )
 
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.ranks import RankGroup
+    from nbtoolkit.cluster.group_types import RankGroupLike
 
 __all__ = [
     "HANG_ACTIONS",
@@ -84,7 +84,7 @@ def _call(rank: int, raw: dict[str, Any]) -> CollectiveCall:
     )
 
 
-def ask_ranks(group: RankGroup, ranks: list[int] | None = None) -> list[RankHang]:
+def ask_ranks(group: RankGroupLike, ranks: list[int] | None = None) -> list[RankHang]:
     """Each rank's collectives, state and stack now (a dead rank as dead, a silent one as unresponsive)."""
     import ray
 
@@ -219,7 +219,7 @@ class StallWatch:
         self._last_progress = time.monotonic()
         self._reported = False
 
-    def check(self, group: RankGroup) -> None:
+    def check(self, group: RankGroupLike) -> None:
         """Diagnose and show once a stall passes the threshold; raise StopOnHang if asked to stop."""
         stalled = time.monotonic() - self._last_progress
         if not self.enabled or self._reported or stalled < self.after_s:
@@ -241,7 +241,7 @@ class StallWatch:
         print("still waiting: interrupt the kernel (Ctrl-C) to stop and free the ranks")
 
 
-def hang_report(group: RankGroup) -> HangReport:
+def hang_report(group: RankGroupLike) -> HangReport:
     """The diagnosis now: live while some rank still runs a cell, else the last stall's or Ctrl-C's."""
     ranks = ask_ranks(group)
     busy = any(r.state in {"in collective", "computing"} for r in ranks)
@@ -251,6 +251,6 @@ def hang_report(group: RankGroup) -> HangReport:
     return diagnose_hang(ranks, source="live ranks")
 
 
-def note_interrupt(group: RankGroup) -> None:
+def note_interrupt(group: RankGroupLike) -> None:
     """Keep where each rank is as the user presses Ctrl-C (before the ranks are stopped)."""
     group.last_hang_report = diagnose_hang(ask_ranks(group), source="at Ctrl-C")

@@ -19,39 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.cluster.group_types import OutputCallback, RankProcess
 from nbtoolkit.errors import ClusterError
-from nbtoolkit.model.cluster import RankCallResult, RankFailure  # plain data: re-exported here
+from nbtoolkit.model.cluster import RankCallResult, RankFailure
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.hang_watch import StallWatch
     from nbtoolkit.model.hang import HangReport
 
-__all__ = ["RankCallResult", "RankFailure", "RankGroup", "RankInfo"]
+__all__ = ["RankGroup"]
 
-OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", text)
 
 _FIRST_WAIT_S = 0.05  # an empty cell comes back within this: no polling at all
 _POLL_S = 0.2  # then poll output this often
 _DEAD_RANK_GRACE_S = 5.0  # after a rank dies, how long the others get to fail on their own
 _INTERRUPT_GRACE_S = 5.0  # after an interrupt, how long ranks get to stop
-
-
-@dataclass
-class RankInfo:
-    """What the notebook knows about one rank."""
-
-    rank: int
-    pid: int
-    host: str
-    ip: str
-    gpu_ids: list[str]
-    node_id: str = ""  # Ray's id of the node the rank runs on
-    state: str = "idle"  # idle | busy | dead | broken
-    cause: str | None = None  # why it is dead or broken
 
 
 def _actor_class() -> Any:
@@ -99,8 +84,8 @@ def _death_cause(exc: BaseException) -> str:
     return f"its worker process{where} exited: {reason}"
 
 
-def _rank_info(rank: int, info: dict[str, Any]) -> RankInfo:
-    return RankInfo(
+def _rank_info(rank: int, info: dict[str, Any]) -> RankProcess:
+    return RankProcess(
         rank=rank,
         pid=info["pid"],
         host=info["host"],

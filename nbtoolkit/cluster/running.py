@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.cluster.group_types import OutputCallback
 from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
 from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
 from nbtoolkit.errors import NbtUsageError
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
     from nbtoolkit.model.rank_memory import RankMemory
     from nbtoolkit.model.trace import Trace
 
-__all__ = ["ClusterRunning", "OutputCallback"]
-
-OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", text)
+__all__ = ["ClusterRunning"]
 Step = str | Callable[..., Any]  # cell source run in each rank's namespace, or a function
 
 

@@ -46,18 +46,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-# The envelope and the graph-break text have their own modules; the names stay importable
-# from here, where callers have always found them.
 from nbtoolkit.io.compile_envelope import (
     CompileKey,
     as_float,
     as_int,
-    format_compile_id,
     out_of_range,
     record_kind,
 )
 from nbtoolkit.io.graph_break_text import (
-    GRAPH_BREAK_SITE,
     GraphBreakText,
     parse_graph_break_text,
     source_context,
@@ -68,13 +64,7 @@ from nbtoolkit.model.graph_schema import FRAME_COLUMNS
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = [
-    "GRAPH_BREAK_SITE",
-    "CompileEventParser",
-    "CompileKey",
-    "format_compile_id",
-    "parse_graph_break_text",
-]
+__all__ = ["CompileEventParser"]
 
 
 @dataclass

@@ -30,7 +30,7 @@ from nbtoolkit.io._kineto_stream import stream_file
 from nbtoolkit.io.bounded import read_limit
 from nbtoolkit.model.inputs import is_path, wrong_type
 from nbtoolkit.model.paths import user_path
-from nbtoolkit.model.steps import host_steps, parse_profiler_step, steps_table
+from nbtoolkit.model.steps import host_steps, steps_table
 from nbtoolkit.model.trace import Trace
 
 if TYPE_CHECKING:
@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import RankInfo
 
-# parse_profiler_step lives in nbtoolkit.model.steps; re-exported here, where it used to be.
-__all__ = ["load_rank_file", "load_trace", "parse_profiler_step"]
+__all__ = ["load_rank_file", "load_trace"]
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 

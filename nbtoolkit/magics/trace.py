@@ -27,11 +27,10 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
-    from nbtoolkit.io.kineto import load_trace
-    from nbtoolkit.views.trace_views import OverlapView
+    from nbtoolkit.views.trace_views import OverlapReport
 
-    # load_trace takes a path or a Trace variable alike.
-    return OverlapView.of(load_trace(call.resolve(args.traces)))
+    # comm_comp_overlap (the one door for overlap) takes a path, a Trace or a TraceSummary variable.
+    return OverlapReport.of(call.resolve(args.traces))
 
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
@@ -49,6 +48,9 @@ def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 _TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
+_OVERLAP_OF = Argument(
+    "traces", help="a trace file, a folder of per-rank traces, or a Trace or TraceSummary variable"
+)
 
 
 def _profile_default(parameter: str) -> APIDefault:
@@ -88,7 +90,7 @@ register(
         name="overlap",
         summary="comm/compute overlap per rank (HTA's definition; gloo on CPU) of traces or a Trace",
         mode="line",
-        arguments=(_TRACES,),
+        arguments=(_OVERLAP_OF,),
         handler=_overlap,
     )
 )

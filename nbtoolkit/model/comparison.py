@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.units import format_bytes, format_seconds  # re-exported: older imports name them here
+from nbtoolkit.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Comparison", "Measurement", "format_bytes", "format_seconds"]
+__all__ = ["Comparison", "Measurement"]
 
 
 @dataclass

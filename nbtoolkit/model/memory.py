@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.errors import NbtUsageError
 from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.memory_schema import CATEGORIES, EVENT_COLUMNS, PHASES  # re-exported: defined here first
-from nbtoolkit.units import format_bytes  # re-exported: older imports name it here
+from nbtoolkit.model.memory_schema import CATEGORIES, EVENT_COLUMNS, PHASES
+from nbtoolkit.units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +50,6 @@ __all__ = [
     "PHASES",
     "MemoryComparison",
     "MemoryTimeline",
-    "format_bytes",
 ]
 
 _FORMAT_VERSION = 1

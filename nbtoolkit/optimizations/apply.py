@@ -20,7 +20,6 @@ as it is.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,12 +30,12 @@ from nbtoolkit.optimizations._handle import Applied
 from nbtoolkit.optimizations.amp import autocast_model
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.optimizations.compile import compile_model
-from nbtoolkit.optimizations.config import ENV_BUDGET, ENV_RECOMPUTE, MeasureConfig, OptimizeConfig
+from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig
 from nbtoolkit.optimizations.measure import Progress, check_step, measure_step
 from nbtoolkit.optimizations.recompute import plan_recompute
 from nbtoolkit.units import format_bytes
 
-__all__ = ["ENV_BUDGET", "ENV_RECOMPUTE", "MeasureConfig", "OptimizeConfig", "optimize", "settings_from_env"]
+__all__ = ["config_from_arguments", "optimize"]
 
 #: Step runs the progress bar counts for planning with recompute="auto" (an estimate).
 _PLAN_RUNS = 10
@@ -54,21 +53,6 @@ _SETTING_DEFAULTS: dict[str, Any] = {
     "metrics": True,
     "tokens_per_step": None,
 }
-
-
-def settings_from_env(recompute: Any, budget_bytes: Any) -> tuple[Any, Any]:
-    """Deprecated: use ``OptimizeConfig.from_env(recompute=..., budget_bytes=...)``.
-
-    (recompute, budget) after applying the environment switch to arguments left as None.
-    """
-    warnings.warn(
-        "settings_from_env() is deprecated: use "
-        "nbtoolkit.optimizations.config.OptimizeConfig.from_env(recompute=..., budget_bytes=...)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    config = OptimizeConfig.from_env(recompute=recompute, budget_bytes=budget_bytes)
-    return config.recompute, config.budget_bytes
 
 
 def config_from_arguments(**arguments: Any) -> OptimizeConfig:

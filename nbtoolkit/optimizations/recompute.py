@@ -5,7 +5,6 @@
 :class:`~nbtoolkit.model.recompute_costs.RecomputeCosts`, and the pure solver (steps 5-7,
 ``nbtoolkit.analysis.recompute``) turns it and the budget into a
 :class:`~nbtoolkit.model.plan.RecomputePlan`; step 8 checks the plan by running it.
-``solve_plan`` and ``solve_recompute`` are importable from here too.
 
 Algorithm of :func:`plan_recompute`, every number measured on the machine at hand:
 
@@ -73,13 +72,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.analysis.recompute import (
-    cheapest_blocks,
-    predict_peak,
-    solve_plan,
-    solve_recompute,
-    tradeoff_front,
-)
+from nbtoolkit.analysis.recompute import cheapest_blocks, solve_recompute
 from nbtoolkit.capture.device_memory import budget_bytes_for, model_device, model_gpu
 from nbtoolkit.errors import NbtUsageError, PlanError
 from nbtoolkit.model.measure_config import MeasureConfig, measure_config
@@ -88,26 +81,13 @@ from nbtoolkit.model.recompute_costs import RecomputeCosts
 from nbtoolkit.optimizations.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.optimizations.config import RecomputeConfig
 from nbtoolkit.optimizations.measure import Progress, check_step, profile_memory_series
-from nbtoolkit.optimizations.recompute_measure import measure_recompute_costs, measurement_runs, phases
+from nbtoolkit.optimizations.recompute_measure import measure_recompute_costs, measurement_runs
 from nbtoolkit.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "RecomputeConfig",
-    "RecomputeCosts",
-    "find_repeated_blocks",
-    "parse_bytes",
-    "plan_recompute",
-    "solve_plan",
-    "solve_recompute",
-]
-
-# Older names of the solver's helpers (they moved to nbtoolkit.analysis.recompute).
-_predict = predict_peak
-_front = tradeoff_front
-_phases = phases
+__all__ = ["find_repeated_blocks", "plan_recompute"]
 
 #: Re-plans after a verified peak came out over the budget (step 8).
 _VERIFY_ATTEMPTS = 3

@@ -255,11 +255,19 @@ def optimize_panel(
     steps: int | None = None,
     warmup: int | None = None,
 ) -> OptimizePanel:
-    """Measure the candidates once (unless ``plan`` is given) and build the interactive panel."""
-    from nbtoolkit.optimizations.recompute import plan_recompute
-    from nbtoolkit.units import parse_bytes
+    """Measure the candidates once (unless ``plan`` is given) and build the interactive panel.
 
-    budget = None if budget_bytes is None else parse_bytes(budget_bytes)
+    ``budget_bytes`` (where the slider starts) reads as ``nbt.optimize``'s does: bytes, text such
+    as ``"1.5GB"``, or on a GPU a share such as ``"90%"``.
+    """
+    from nbtoolkit.capture.device_memory import budget_bytes_for, model_device
+    from nbtoolkit.optimizations.recompute import plan_recompute
+    from nbtoolkit.units import parse_budget
+
+    # the one budget parser (units.parse_budget), as nbt.optimize reads it: same text, same error
+    budget = None if budget_bytes is None else parse_budget(budget_bytes)
+    if budget is not None and not isinstance(budget, int):  # a share of the GPU: its bytes
+        budget = budget_bytes_for(budget, model_device(model))
     if plan is None:
         plan = plan_recompute(model, step, None, steps=steps)
     return OptimizePanel(model, step, plan, budget_bytes=budget, compile=compile, amp=amp,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.model.trace import StragglerReport, Trace
 
-__all__ = ["OverlapView", "TraceReport", "overlap_chart", "timeline"]
+__all__ = ["OverlapReport", "TraceReport", "overlap_chart", "timeline"]
 
 COLOURS = {
     "compute": "#4C78A8",
@@ -242,17 +242,20 @@ class _FigureDisplay(Result):
 
 
 @dataclass(repr=False, eq=False)
-class OverlapView(_FigureDisplay):
-    """``%nbt overlap``: the overlap table per rank and its bar chart."""
+class OverlapReport(_FigureDisplay):
+    """What ``%nbt overlap`` shows: ``nbt.comm_comp_overlap``'s table per rank and its bar chart.
 
-    trace: Trace
+    ``OverlapReport.of(traces)`` takes what ``comm_comp_overlap`` takes (a Trace, a trace file or
+    folder of per-rank traces, or a TraceSummary); ``table`` is that function's own DataFrame.
+    """
+
     table: pd.DataFrame
 
     @classmethod
-    def of(cls, trace: Trace) -> OverlapView:
+    def of(cls, traces: Any) -> OverlapReport:
         from nbtoolkit.analysis.overlap import comm_comp_overlap
 
-        return cls(trace=trace, table=comm_comp_overlap(trace))
+        return cls(table=comm_comp_overlap(traces))
 
     def _text(self) -> str:
         lines = [
@@ -274,7 +277,11 @@ class OverlapView(_FigureDisplay):
 
 @dataclass(repr=False, eq=False)
 class TraceReport(_FigureDisplay):
-    """``%nbt trace``: summary, step times, breakdowns, overlap, stragglers, timeline."""
+    """What ``%nbt trace`` shows: summary, step times, breakdowns, overlap, stragglers, timeline.
+
+    ``TraceReport.of(nbt.load_trace(path))``; each table is the result of the public analysis
+    of the same name (``nbt.temporal_breakdown``, ``nbt.comm_comp_overlap``, ...).
+    """
 
     trace: Trace
     temporal: pd.DataFrame

@@ -155,7 +155,7 @@ def test_output_is_streamed_live_with_a_rank_prefix(cluster) -> None:
 
 
 def test_an_exception_is_reported_once_per_rank_with_the_remote_traceback(cluster) -> None:
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     with pytest.raises(RemoteCellError) as info:
         cluster.run("def f():\n    return 1 / (rank - 1)\nf()")
@@ -221,7 +221,7 @@ def test_push_and_pull_variables(cluster) -> None:
 def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster, ctrl_c_raises) -> None:
     import _thread
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does in a kernel
     started = time.monotonic()
@@ -242,7 +242,7 @@ def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(clust
     rank 0's wait; a new group is formed and both ranks keep their variables."""
     import _thread
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     cluster.run("kept = rank * 10")
     cell = (
@@ -277,7 +277,7 @@ def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half
     cell hung). Now they are held off until the ranks stopped, and the call ends with one error."""
     import _thread
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     cluster.run("kept = rank + 100")
     cell = (
@@ -306,7 +306,7 @@ def test_ctrl_c_frees_a_rank_blocked_in_ddps_own_allreduce_in_backward(cluster, 
     before the 60 s collective timeout, and the same DDP model trains on in the new group."""
     import _thread
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
                 "ddp = DDP(torch.nn.Linear(4, 4)); steps = 0")
@@ -476,7 +476,7 @@ def test_memory_timelines_of_every_rank_after_an_interrupt_with_output_streaming
 
     from IPython.core.interactiveshell import InteractiveShell
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
     from nbtoolkit.model.rank_memory import RankMemory
 
     timer = threading.Timer(0.5, _thread.interrupt_main)
@@ -518,7 +518,7 @@ def test_fetch_brings_back_the_files_ranks_wrote_and_they_load_as_one_trace(
     from IPython.core.interactiveshell import InteractiveShell
 
     import nbtoolkit as nbt
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     written = tmp_path / "on_ranks"  # a local cluster's ranks share this file system
     cluster.run(
@@ -600,7 +600,7 @@ def test_magics_run_cells_stream_output_and_show_errors_once(
 ) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbtoolkit")
@@ -687,7 +687,7 @@ def _batch(rank: int):
 @pytest.mark.deepspeed
 def test_zero_sweep_runs_deepspeed_stages_on_the_ranks(cluster) -> None:
     """ZeRO-1 and ZeRO-3 over the gloo group (the first run on a machine JIT-builds an op)."""
-    from nbtoolkit.integrations.deepspeed import zero_sweep
+    from nbtoolkit.integrations.deepspeed.sweep import zero_sweep
 
     small = 16_384  # elements: a quarter of one layer's weights, so each stage needs several calls
     sweep = zero_sweep(
@@ -722,7 +722,7 @@ def test_zero_sweep_runs_deepspeed_stages_on_the_ranks(cluster) -> None:
 @pytest.mark.deepspeed
 def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
     """The seed's point: communication granularity decides how much of the model one graph holds."""
-    from nbtoolkit.integrations.deepspeed import zero_graph_breaks
+    from nbtoolkit.integrations.deepspeed.graph_breaks import zero_graph_breaks
 
     result = zero_graph_breaks(cluster, _small_model, _batch, stages=(1, 3), steps=1)
     table = result.table.set_index("stage")
@@ -739,7 +739,7 @@ def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
 
 
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
-    from nbtoolkit.cluster.cluster import RemoteCellError
+    from nbtoolkit.errors import RemoteCellError
 
     victim = cluster.pids[1]
     killer = threading.Timer(1.0, os.kill, args=(victim, signal.SIGKILL))

@@ -9,13 +9,15 @@ import sys
 import pandas as pd
 import pytest
 
-from nbtoolkit.cluster.cluster import ClusterStatus, RemoteCellError, RemoteRun, parse_ranks
 from nbtoolkit.cluster.output import RankPrefixedPrinter, prefix_lines
 from nbtoolkit.cluster.rank_actor import RankActor
+from nbtoolkit.cluster.rank_spec import parse_ranks
 from nbtoolkit.cluster.rank_tools import read_matching_files
-from nbtoolkit.cluster.ranks import RankCallResult, RankFailure, _death_cause
-from nbtoolkit.errors import ClusterError, NbtUsageError
-from nbtoolkit.integrations.deepspeed import grid_settings, label, read_sweep, zero_config
+from nbtoolkit.cluster.ranks import _death_cause
+from nbtoolkit.errors import ClusterError, NbtUsageError, RemoteCellError
+from nbtoolkit.integrations.deepspeed.config import grid_settings, label, zero_config
+from nbtoolkit.integrations.deepspeed.sweep import read_sweep
+from nbtoolkit.model.cluster import ClusterStatus, RankCallResult, RankFailure, RemoteRun
 
 
 def test_parse_ranks_accepts_lists_ranges_and_all() -> None:

@@ -50,8 +50,9 @@ def test_memory_viz_size_matches_torch_text() -> None:
 
 
 def test_every_result_module_uses_the_one_formatter() -> None:
-    # The older import places re-export the same function rather than keeping a copy.
+    # One formatter, imported where it is defined: no module keeps a copy or lists it as its own.
     from nbtoolkit.model import comparison, memory
 
     assert comparison.format_bytes is format_bytes is memory.format_bytes
     assert comparison.format_seconds is format_seconds
+    assert "format_bytes" not in comparison.__all__ and "format_bytes" not in memory.__all__

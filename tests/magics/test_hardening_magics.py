@@ -36,7 +36,8 @@ def test_a_plain_name_stores_the_result(shell: InteractiveShell, tmp_path: Path)
     assert "my_overlap" in shell.user_ns
 
 
-@pytest.mark.parametrize(("line", "function"), [("overlap x", "load_trace"), ("trace items", "load_trace"),
+@pytest.mark.parametrize(("line", "function"), [("overlap x", "comm_comp_overlap"),
+                                                 ("trace items", "load_trace"),
                                                  ("snapshot x", "load_memory_snapshot"),
                                                  ("compile-log x", "load_compile_log")])
 def test_a_variable_of_the_wrong_type_is_one_usage_error(

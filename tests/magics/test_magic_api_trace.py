@@ -1,4 +1,7 @@
-"""%nbt trace / %nbt overlap show the views of load_trace's Trace; %%nbt profile what profile gives."""
+"""%nbt trace shows the report of load_trace's Trace, %nbt overlap the table of comm_comp_overlap.
+
+%%nbt profile shows what profile gives.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.views.trace_views import OverlapView, TraceReport
+from nbtoolkit.views.trace_views import OverlapReport, TraceReport
 
 
 @pytest.fixture
@@ -33,7 +37,20 @@ def test_trace_and_overlap_magics_on_a_file_show_the_api_views(
     report = shell.run_line_magic("nbt", f"trace {trace_file}")
     assert_same_display(report, TraceReport.of(trace))
     assert "aten::mm" in repr(report)
-    assert_same_display(shell.run_line_magic("nbt", f"overlap {trace_file}"), OverlapView.of(trace))
+    overlap = shell.run_line_magic("nbt", f"overlap {trace_file}")
+    assert_same_display(overlap, OverlapReport.of(trace_file))
+    pd.testing.assert_frame_equal(overlap.table, nbt.comm_comp_overlap(trace_file))
+
+
+def test_overlap_magic_takes_a_summary_the_way_comm_comp_overlap_does(
+    shell: InteractiveShell, trace_file: Path, assert_same_display: Callable[..., None]
+) -> None:
+    summary = nbt.summarize_traces(trace_file.parent, workers=1)
+    shell.user_ns["summary"] = summary
+    overlap = shell.run_line_magic("nbt", "overlap summary")
+    assert isinstance(overlap, nbt.OverlapReport)
+    assert_same_display(overlap, OverlapReport.of(summary))
+    pd.testing.assert_frame_equal(overlap.table, nbt.comm_comp_overlap(summary))
 
 
 def test_trace_magic_on_a_trace_variable_goes_through_load_trace(

@@ -9,7 +9,7 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.optimizations.apply import config_from_arguments, optimize, settings_from_env
+from nbtoolkit.optimizations.apply import config_from_arguments, optimize
 from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
 from nbtoolkit.optimizations.recompute import plan_recompute
 from tests.optimize._models import make_gpt
@@ -135,10 +135,3 @@ def test_plan_recompute_runs_from_a_config() -> None:
     model, step = make_gpt(hidden=[16, 32], dim=16, batch=2, seq=8)
     plan = plan_recompute(model, step, None, config=RecomputeConfig(blocks=["blocks.1"], steps=1))
     assert list(plan.candidates["block"]) == ["blocks.1"]
-
-
-def test_settings_from_env_still_works_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NBTOOLKIT_RECOMPUTE", "auto")
-    monkeypatch.setenv("NBTOOLKIT_MEMORY_BUDGET", "2KiB")
-    with pytest.warns(DeprecationWarning, match="OptimizeConfig.from_env"):
-        assert settings_from_env(None, None) == ("auto", 2048)

@@ -104,3 +104,34 @@ def test_optimize_magic_builds_panel_and_runs(shell: InteractiveShell, setup: An
     assert cmp.after.graph_count is not None and cmp.after.graph_count >= 1
     assert all("forward" not in m.__dict__ for m in model.modules())
     torch._dynamo.reset()
+
+
+class _Parsed(Exception):
+    """Raised where the budget has been read and the work would start: the text was accepted."""
+
+
+@pytest.mark.parametrize("text", ["1.5GB", "800MiB", "2e9", "1400mib", "12345", "abc", "0", "-1", "1.5XB",
+                                  "150%", "0%", "%", "nan"])
+def test_panel_and_run_read_the_budget_the_same_way(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """``%nbt optimize --budget X`` (panel) and ``... --run`` accept the same text and refuse it alike."""
+    import nbtoolkit.optimizations.apply as apply
+    import nbtoolkit.optimizations.recompute as recompute
+
+    def parsed(*args: Any, **kwargs: Any) -> Any:
+        raise _Parsed
+
+    monkeypatch.setattr(recompute, "plan_recompute", parsed)  # the panel's next call
+    monkeypatch.setattr(apply, "_optimize", parsed)  # nbt.optimize's, once its config is read
+    shell.user_ns.update(model=torch.nn.Linear(2, 2), step=lambda: None)
+    outcomes = []
+    for run in ("", " --run"):
+        try:
+            shell.run_line_magic("nbt", f"optimize model step --budget={text}{run}")
+        except _Parsed:
+            outcomes.append("accepted")
+        except nbt.NbtUsageError as exc:
+            outcomes.append(str(exc))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == "accepted") == (text in ("1.5GB", "800MiB", "2e9", "1400mib", "12345"))

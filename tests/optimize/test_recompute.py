@@ -9,15 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from nbtoolkit.analysis.recompute import predict_peak, solve_plan
 from nbtoolkit.errors import NbtUsageError, PlanError, StepError
 from nbtoolkit.model.plan import RecomputePlan
 from nbtoolkit.optimizations.measure import profile_memory_series
-from nbtoolkit.optimizations.recompute import (
-    _predict,
-    find_repeated_blocks,
-    plan_recompute,
-    solve_plan,
-)
+from nbtoolkit.optimizations.recompute import find_repeated_blocks, plan_recompute
 from nbtoolkit.units import parse_bytes
 from tests.optimize._models import NoRepeats, make_gpt
 
@@ -133,7 +129,7 @@ def test_ilp_matches_brute_force_on_random_instances() -> None:
         best = None
         for size in range(n + 1):
             for subset in itertools.combinations(range(n), size):
-                if _predict(levels, alive, saved, set(subset)) <= budget:
+                if predict_peak(levels, alive, saved, set(subset)) <= budget:
                     c = sum(cost[i] for i in subset)
                     best = c if best is None or c < best else best
         got = solve_plan(levels, alive, saved, cost, budget)
@@ -141,7 +137,7 @@ def test_ilp_matches_brute_force_on_random_instances() -> None:
             assert got is None
         else:
             assert got is not None
-            assert _predict(levels, alive, saved, got) <= budget
+            assert predict_peak(levels, alive, saved, got) <= budget
             assert sum(cost[i] for i in got) == pytest.approx(best, rel=1e-6, abs=1e-9)
 
 

@@ -20,7 +20,6 @@ import pytest
 from nbtoolkit.analysis.recompute import cheapest_blocks, predict_peak, solve_recompute
 from nbtoolkit.errors import NbtUsageError, PlanError
 from nbtoolkit.model.recompute_costs import RecomputeCosts
-from nbtoolkit.optimizations import recompute as optimizations_recompute
 from nbtoolkit.units import format_bytes
 
 K = 1024
@@ -126,14 +125,6 @@ def test_blocks_alive_in_no_phase_over_budget_are_never_chosen() -> None:
     assert plan.predicted_peak_bytes == 550 * K
     alive = [frozenset({1}), frozenset({0, 1})]
     assert predict_peak([600 * K, 500 * K], alive, [500 * K, 50 * K], {0}) == 600 * K  # a alone: no help
-
-
-def test_solver_names_stay_importable_from_optimizations() -> None:
-    from nbtoolkit.analysis import recompute as analysis_recompute
-
-    assert optimizations_recompute.solve_plan is analysis_recompute.solve_plan
-    assert optimizations_recompute.solve_recompute is analysis_recompute.solve_recompute
-    assert optimizations_recompute._predict is analysis_recompute.predict_peak
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.analysis.overlap import COMM_PREFIXES
-from nbtoolkit.views.trace_views import OverlapView, TraceReport, overlap_chart, timeline
+from nbtoolkit.views.trace_views import OverlapReport, TraceReport, overlap_chart, timeline
 
 from .conftest import PROFILED_STEPS, STRAGGLER_RANK, STRAGGLER_SLEEP_S
 
@@ -528,7 +528,7 @@ def test_overlap_magic_on_the_recorded_folder(
 ) -> None:
     """%nbt overlap PATH loads the folder and shows the same table nbt.comm_comp_overlap gives."""
     result = shell.run_line_magic("nbt", f"overlap {gloo_trace_folder} --name recorded_overlap")
-    assert isinstance(result, OverlapView)
+    assert isinstance(result, OverlapReport)
     assert shell.user_ns["recorded_overlap"] is result
     pd.testing.assert_frame_equal(result.table, nbt.comm_comp_overlap(gloo_trace))
     assert "cpu-gloo" in repr(result)

@@ -55,12 +55,6 @@ def test_names_merely_containing_profiler_step_are_not_labels(name):
         parse_profiler_step(name)
 
 
-def test_io_keeps_the_old_import_path():
-    from nbtoolkit.io.kineto import parse_profiler_step as from_io
-
-    assert from_io is parse_profiler_step
-
-
 def _event(name, ts, dur, cat="user_annotation", **args):
     event = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
     if args:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.views.trace_views import OverlapView, TraceReport, overlap_chart, timeline
+from nbtoolkit.views.trace_views import OverlapReport, TraceReport, overlap_chart, timeline
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_html_escapes_script_names_in_every_view(tmp_path):
     for view in (
         trace,
         TraceReport.of(trace),
-        OverlapView.of(trace),
+        OverlapReport.of(trace),
         nbt.kernel_breakdown(trace),
         nbt.stragglers(trace),
     ):
@@ -105,7 +105,7 @@ def test_html_escapes_script_names_in_every_view(tmp_path):
 def test_magic_overlap_from_a_path(shell, real_data):
     folder = real_data("traces/hta_trace_filter_2rank")
     result = shell.run_line_magic("nbt", f"overlap {folder} --name ov")
-    assert isinstance(result, OverlapView)
+    assert isinstance(result, OverlapReport)
     assert shell.user_ns["ov"] is result
     assert list(result.table["overlap_pct"].round(2)) == [11.81, 20.05]
 

@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO on the cluster's ranks: configs, a sweep of the communication knobs, and the
 graph breaks of a compiled model under each stage.
 
-    from nbtoolkit.integrations.deepspeed import zero_config, zero_sweep
+    from nbtoolkit.integrations.deepspeed.config import zero_config
+    from nbtoolkit.integrations.deepspeed.sweep import zero_sweep
     cfg = zero_config(stage=2, micro_batch_size=8, reduce_bucket_size=200_000)
     sweep = zero_sweep(cluster, make_model, make_batch)      # a ZeroSweep result
     sweep.table; sweep.figure(); print(sweep.reading())
@@ -22,28 +23,7 @@ One module per job:
   under each ZeRO stage that keep every rank under a budget of its device's total;
 - :mod:`.graph_breaks`: :func:`zero_graph_breaks` and its :class:`ZeroGraphBreaks` result.
 
-Every name stays importable from ``nbtoolkit.integrations.deepspeed``.
+Import each name from the module that defines it (``from nbtoolkit.integrations.deepspeed.sweep
+import zero_sweep``): this package file imports nothing, so importing one part does not import
+the others.
 """
-
-from nbtoolkit.integrations.deepspeed.config import KNOBS, default_settings, grid_settings, label, zero_config
-from nbtoolkit.integrations.deepspeed.graph_breaks import ZeroGraphBreaks, zero_graph_breaks
-from nbtoolkit.integrations.deepspeed.rank import graph_breaks_one_on_rank, sweep_one_on_rank
-from nbtoolkit.integrations.deepspeed.recompute import ZeroRecompute, zero_plan_recompute
-from nbtoolkit.integrations.deepspeed.sweep import ZeroSweep, read_sweep, zero_sweep
-
-__all__ = [
-    "KNOBS",
-    "ZeroGraphBreaks",
-    "ZeroRecompute",
-    "ZeroSweep",
-    "default_settings",
-    "graph_breaks_one_on_rank",
-    "grid_settings",
-    "label",
-    "read_sweep",
-    "sweep_one_on_rank",
-    "zero_config",
-    "zero_graph_breaks",
-    "zero_plan_recompute",
-    "zero_sweep",
-]
