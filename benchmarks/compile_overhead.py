@@ -2,7 +2,7 @@
 
 What is compared: the first call of a freshly compiled model (dynamo + backend compile +
 one run), plain versus with exactly the handler ``capture_graphs`` attaches to torch's
-structured-trace logger (``nbtoolkit.capture.graphs._structured_trace_handler``). Runs
+structured-trace logger (``nbtoolkit.compile.capture._structured_trace_handler``). Runs
 alternate plain / instrumented / TORCH_TRACE after ``torch._dynamo.reset()``, after one
 discarded warm-up (the first compile in a process loads and caches a lot). Printed per
 backend, as ratios instrumented/plain: of the fastest wall times, the median of the
@@ -69,8 +69,8 @@ def first_call_plain(model: nn.Module, x: torch.Tensor, backend: str) -> Timing:
 
 def first_call_instrumented(model: nn.Module, x: torch.Tensor, backend: str) -> tuple[Timing, float, int]:
     """The first call under capture_graphs' instrumentation; then the parse time (s) and graph count."""
-    from nbtoolkit.capture.graphs import _structured_trace_handler
-    from nbtoolkit.io.compile_events import CompileEventParser
+    from nbtoolkit.compile.capture import _structured_trace_handler
+    from nbtoolkit.compile.log_events import CompileEventParser
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)

@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 import nbtoolkit as nbt
-from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
-from nbtoolkit.optimizations.compile import compile_model
-from nbtoolkit.optimizations.measure import profile_memory_series
+from nbtoolkit.recompute.checkpoint import checkpoint_blocks
+from nbtoolkit.recompute.apply_compile import compile_model
+from nbtoolkit.recompute.measure import profile_memory_series
 
 HIDDEN = [64, 768, 128, 512, 256]  # 5 blocks: 32 subsets for the brute force
 ROUNDS = 4

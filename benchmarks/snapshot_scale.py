@@ -1,6 +1,6 @@
 """A 1 GB allocator snapshot: load + stats with nbtoolkit vs ``python -m torch.cuda._memory_viz stats``.
 
-The snapshot is made by scaling a real one (``nbtoolkit.io.snapshot_scale``: copies of a real
+The snapshot is made by scaling a real one (``nbtoolkit.memory.snapshot_scale``: copies of a real
 GPU training step with shifted addresses and times over 8 devices, pickle protocol 5) and kept
 at ``--file`` for later runs. Each measurement runs in a fresh process (interpreter start,
 imports, load, stats) and reports wall time and the process's peak RSS:
@@ -84,9 +84,9 @@ BODIES = {
 
 def make(path: Path, size_mb: int) -> None:
     """Write the scaled snapshot and, beside it, what the filtered run needs (copies, times)."""
-    from nbtoolkit.datasets import locate_data
-    from nbtoolkit.io.snapshot import restricted_loads
-    from nbtoolkit.io.snapshot_scale import copies_for, copy_times, write_scaled_snapshot
+    from nbtoolkit.core.datasets import locate_data
+    from nbtoolkit.memory.snapshot_reader import restricted_loads
+    from nbtoolkit.memory.snapshot_scale import copies_for, copy_times, write_scaled_snapshot
 
     source = restricted_loads(locate_data(SOURCE).read_bytes())
     start = time.perf_counter()

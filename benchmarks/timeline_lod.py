@@ -130,9 +130,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import nbtoolkit as nbt
-    import nbtoolkit.views.timeline_widget  # imported first (ipywidgets), as in a notebook
-    from nbtoolkit.datasets import locate_data
-    from nbtoolkit.errors import DataUnavailableError
+    import nbtoolkit.timeline.widget  # imported first (ipywidgets), as in a notebook
+    from nbtoolkit.core.datasets import locate_data
+    from nbtoolkit.core.errors import DataUnavailableError
     from tests.trace.timeline_data import synthetic_memory_events, synthetic_trace
 
     rows = []

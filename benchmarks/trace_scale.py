@@ -1,7 +1,7 @@
 """Hundreds of ranks: nbtoolkit vs HolisticTraceAnalysis, load + comm/compute overlap, side by side.
 
 For each N (default 8, 64, 256) a scale set is written from the 8 real ranks of
-``param_dlrm_8rank`` (``nbtoolkit.io.scale_set``: rank ids rewritten, one straggler stretched
+``param_dlrm_8rank`` (``nbtoolkit.trace.scale_set``: rank ids rewritten, one straggler stretched
 1.5x, the others waiting for it); then, each in a fresh subprocess:
 
 - ``nbtoolkit``: ``nbt.summarize_traces(folder)`` (worker processes, one per core) and
@@ -46,7 +46,7 @@ answer = {{"overlap": overlap, "straggler": report.slowest_rank if report.has_st
 """
 
 # A notebook kernel runs threads (IOPub, heartbeat) and has usually imported torch: the
-# workers then start from a forkserver instead of a fork (nbtoolkit.io.trace_summaries).
+# workers then start from a forkserver instead of a fork (nbtoolkit.trace.summarize_folder).
 KERNEL_LIKE = """
 import threading
 threading.Thread(target=threading.Event().wait, daemon=True).start()
@@ -152,7 +152,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT))
     import nbtoolkit as nbt
-    from nbtoolkit.io.scale_set import write_scale_set
+    from nbtoolkit.trace.scale_set import write_scale_set
 
     base = nbt.locate_data("traces/param_dlrm_8rank")
     results = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import (
+from nbtoolkit.core.errors import (
     CaptureError,
     ClusterError,
     CompileLogError,
@@ -40,58 +40,58 @@ __version__ = "0.1.0"
 # name -> module that defines it. One line per public name; keep sorted by name.
 _LAZY_EXPORTS: dict[str, str] = {
     "Cluster": "nbtoolkit.cluster.cluster",
-    "Comparison": "nbtoolkit.model.comparison",
-    "CriticalPath": "nbtoolkit.model.critical_path",
-    "GraphComparison": "nbtoolkit.model.graphs",
-    "GraphReport": "nbtoolkit.model.graphs",
-    "HangReport": "nbtoolkit.model.hang",
-    "MeasureConfig": "nbtoolkit.model.measure_config",
-    "Measurement": "nbtoolkit.model.comparison",
-    "MemoryDiff": "nbtoolkit.model.memory_reports",
-    "MemoryImbalance": "nbtoolkit.model.memory_reports",
-    "MemorySnapshot": "nbtoolkit.model.snapshot",
-    "MemoryTimeline": "nbtoolkit.model.memory",
-    "OptimizeConfig": "nbtoolkit.optimizations.config",
-    "OverlapReport": "nbtoolkit.views.trace_views",
-    "RankMemory": "nbtoolkit.model.rank_memory",
-    "RecomputeConfig": "nbtoolkit.optimizations.config",
-    "RecomputePlan": "nbtoolkit.model.plan",
-    "Roofline": "nbtoolkit.model.roofline",
-    "StepMetrics": "nbtoolkit.model.metrics",
-    "Trace": "nbtoolkit.model.trace",
-    "TraceReport": "nbtoolkit.views.trace_views",
-    "TraceSummary": "nbtoolkit.model.trace_summary",
-    "capture_graphs": "nbtoolkit.capture.graphs",
-    "comm_comp_overlap": "nbtoolkit.analysis.overlap",
-    "compare": "nbtoolkit.analysis.diff",
-    "critical_path": "nbtoolkit.analysis.critical_path",
-    "critical_path_by_rank": "nbtoolkit.analysis.critical_path",
-    "export_memory_snapshot": "nbtoolkit.io.snapshot_export",
-    "idle_breakdown": "nbtoolkit.analysis.breakdown",
-    "kernel_breakdown": "nbtoolkit.analysis.breakdown",
-    "load_compile_log": "nbtoolkit.io.compile_log",
-    "load_flight_recorder": "nbtoolkit.io.flight_recorder",
-    "load_memory_snapshot": "nbtoolkit.io.snapshot",
-    "load_memory_timeline": "nbtoolkit.io.snapshot",
-    "load_rank_snapshots": "nbtoolkit.io.snapshot_ranks",
-    "load_trace": "nbtoolkit.io.kineto",
-    "locate_data": "nbtoolkit.datasets",
-    "memory_by": "nbtoolkit.analysis.memory_breakdown",
-    "memory_diff": "nbtoolkit.analysis.memory_diff",
-    "memory_timeline": "nbtoolkit.capture.memory",
-    "memory_widget": "nbtoolkit.views.timeline_widget",
-    "mfu_chart": "nbtoolkit.views.metrics",
-    "optimize": "nbtoolkit.optimizations.apply",
-    "optimize_panel": "nbtoolkit.views.optimize",
-    "plan_recompute": "nbtoolkit.optimizations.recompute",
-    "profile": "nbtoolkit.capture.profiler",
-    "report": "nbtoolkit.views.report",
-    "roofline": "nbtoolkit.analysis.roofline",
-    "step_metrics": "nbtoolkit.capture.step_metrics",
-    "stragglers": "nbtoolkit.analysis.stragglers",
-    "summarize_traces": "nbtoolkit.io.trace_summaries",
-    "temporal_breakdown": "nbtoolkit.analysis.breakdown",
-    "timeline_widget": "nbtoolkit.views.timeline_widget",
+    "Comparison": "nbtoolkit.recompute.comparison",
+    "CriticalPath": "nbtoolkit.trace.critical_path",
+    "GraphComparison": "nbtoolkit.compile.report",
+    "GraphReport": "nbtoolkit.compile.report",
+    "HangReport": "nbtoolkit.cluster.hang",
+    "MeasureConfig": "nbtoolkit.core.measure_config",
+    "Measurement": "nbtoolkit.recompute.comparison",
+    "MemoryDiff": "nbtoolkit.memory.reports",
+    "MemoryImbalance": "nbtoolkit.memory.reports",
+    "MemorySnapshot": "nbtoolkit.memory.snapshot",
+    "MemoryTimeline": "nbtoolkit.memory.timeline",
+    "OptimizeConfig": "nbtoolkit.recompute.config",
+    "OverlapReport": "nbtoolkit.trace.views",
+    "RankMemory": "nbtoolkit.memory.rank_memory",
+    "RecomputeConfig": "nbtoolkit.recompute.config",
+    "RecomputePlan": "nbtoolkit.recompute.plan",
+    "Roofline": "nbtoolkit.trace.roofline",
+    "StepMetrics": "nbtoolkit.metrics.step_metrics",
+    "Trace": "nbtoolkit.trace.trace",
+    "TraceReport": "nbtoolkit.trace.views",
+    "TraceSummary": "nbtoolkit.trace.summary",
+    "capture_graphs": "nbtoolkit.compile.capture",
+    "comm_comp_overlap": "nbtoolkit.trace.overlap",
+    "compare": "nbtoolkit.trace.diff",
+    "critical_path": "nbtoolkit.trace.critical_path_analysis",
+    "critical_path_by_rank": "nbtoolkit.trace.critical_path_analysis",
+    "export_memory_snapshot": "nbtoolkit.memory.snapshot_export",
+    "idle_breakdown": "nbtoolkit.trace.breakdown",
+    "kernel_breakdown": "nbtoolkit.trace.breakdown",
+    "load_compile_log": "nbtoolkit.compile.log_reader",
+    "load_flight_recorder": "nbtoolkit.cluster.flight_recorder",
+    "load_memory_snapshot": "nbtoolkit.memory.snapshot_reader",
+    "load_memory_timeline": "nbtoolkit.memory.snapshot_reader",
+    "load_rank_snapshots": "nbtoolkit.memory.snapshot_ranks",
+    "load_trace": "nbtoolkit.trace.kineto",
+    "locate_data": "nbtoolkit.core.datasets",
+    "memory_by": "nbtoolkit.memory.breakdown",
+    "memory_diff": "nbtoolkit.memory.diff",
+    "memory_timeline": "nbtoolkit.memory.capture",
+    "memory_widget": "nbtoolkit.timeline.widget",
+    "mfu_chart": "nbtoolkit.metrics.figures",
+    "optimize": "nbtoolkit.recompute.optimize",
+    "optimize_panel": "nbtoolkit.recompute.panel",
+    "plan_recompute": "nbtoolkit.recompute.planner",
+    "profile": "nbtoolkit.trace.profile",
+    "report": "nbtoolkit.report.report",
+    "roofline": "nbtoolkit.trace.roofline_analysis",
+    "step_metrics": "nbtoolkit.metrics.measure",
+    "stragglers": "nbtoolkit.trace.stragglers",
+    "summarize_traces": "nbtoolkit.trace.summarize_folder",
+    "temporal_breakdown": "nbtoolkit.trace.breakdown",
+    "timeline_widget": "nbtoolkit.timeline.widget",
 }
 
 _EAGER_EXPORTS = [
@@ -119,14 +119,14 @@ __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 
 
 def memory_imbalance(ranks: Any) -> MemoryImbalance:
-    """Which rank peaks highest and why (:func:`nbtoolkit.analysis.memory_diff.memory_imbalance`).
+    """Which rank peaks highest and why (:func:`nbtoolkit.memory.diff.memory_imbalance`).
 
     ``ranks``: a RankMemory, ``{rank: snapshot or timeline}``, a list in rank order, or a folder of
     per-rank snapshots. A folder is read here (``nbt.load_rank_snapshots``): the analysis reads no files.
     """
-    from nbtoolkit.analysis.memory_diff import memory_imbalance as imbalance_of
-    from nbtoolkit.io.snapshot_ranks import load_rank_snapshots
-    from nbtoolkit.model.inputs import is_path
+    from nbtoolkit.memory.diff import memory_imbalance as imbalance_of
+    from nbtoolkit.memory.snapshot_ranks import load_rank_snapshots
+    from nbtoolkit.core.inputs import is_path
 
     return imbalance_of(load_rank_snapshots(ranks) if is_path(ranks) else ranks)
 
@@ -146,59 +146,59 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%nbt`` / ``%%nbt``. Imports only the light magic layer."""
-    from nbtoolkit.magics._dispatch import register_magics
+    from nbtoolkit.magic_dispatch import register_magics
 
     register_magics(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Remove ``%nbt`` / ``%%nbt`` again."""
-    from nbtoolkit.magics._dispatch import unregister_magics
+    from nbtoolkit.magic_dispatch import unregister_magics
 
     unregister_magics(ipython)
 
 
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
-    from nbtoolkit.analysis.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
-    from nbtoolkit.analysis.critical_path import critical_path, critical_path_by_rank
-    from nbtoolkit.analysis.diff import compare
-    from nbtoolkit.analysis.memory_breakdown import memory_by
-    from nbtoolkit.analysis.memory_diff import memory_diff
-    from nbtoolkit.analysis.overlap import comm_comp_overlap
-    from nbtoolkit.analysis.roofline import roofline
-    from nbtoolkit.analysis.stragglers import stragglers
-    from nbtoolkit.capture.graphs import capture_graphs
-    from nbtoolkit.capture.memory import memory_timeline
-    from nbtoolkit.capture.profiler import profile
-    from nbtoolkit.capture.step_metrics import step_metrics
+    from nbtoolkit.trace.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.trace.critical_path_analysis import critical_path, critical_path_by_rank
+    from nbtoolkit.trace.diff import compare
+    from nbtoolkit.memory.breakdown import memory_by
+    from nbtoolkit.memory.diff import memory_diff
+    from nbtoolkit.trace.overlap import comm_comp_overlap
+    from nbtoolkit.trace.roofline_analysis import roofline
+    from nbtoolkit.trace.stragglers import stragglers
+    from nbtoolkit.compile.capture import capture_graphs
+    from nbtoolkit.memory.capture import memory_timeline
+    from nbtoolkit.trace.profile import profile
+    from nbtoolkit.metrics.measure import step_metrics
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.datasets import locate_data
-    from nbtoolkit.io.compile_log import load_compile_log
-    from nbtoolkit.io.flight_recorder import load_flight_recorder
-    from nbtoolkit.io.kineto import load_trace
-    from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline
-    from nbtoolkit.io.snapshot_export import export_memory_snapshot
-    from nbtoolkit.io.snapshot_ranks import load_rank_snapshots
-    from nbtoolkit.io.trace_summaries import summarize_traces
-    from nbtoolkit.model.comparison import Comparison, Measurement
-    from nbtoolkit.model.critical_path import CriticalPath
-    from nbtoolkit.model.graphs import GraphComparison, GraphReport
-    from nbtoolkit.model.hang import HangReport
-    from nbtoolkit.model.measure_config import MeasureConfig
-    from nbtoolkit.model.memory import MemoryTimeline
-    from nbtoolkit.model.memory_reports import MemoryDiff, MemoryImbalance
-    from nbtoolkit.model.metrics import StepMetrics
-    from nbtoolkit.model.plan import RecomputePlan
-    from nbtoolkit.model.rank_memory import RankMemory
-    from nbtoolkit.model.roofline import Roofline
-    from nbtoolkit.model.snapshot import MemorySnapshot
-    from nbtoolkit.model.trace import Trace
-    from nbtoolkit.model.trace_summary import TraceSummary
-    from nbtoolkit.optimizations.apply import optimize
-    from nbtoolkit.optimizations.config import OptimizeConfig, RecomputeConfig
-    from nbtoolkit.optimizations.recompute import plan_recompute
-    from nbtoolkit.views.metrics import mfu_chart
-    from nbtoolkit.views.optimize import optimize_panel
-    from nbtoolkit.views.report import report
-    from nbtoolkit.views.timeline_widget import memory_widget, timeline_widget
-    from nbtoolkit.views.trace_views import OverlapReport, TraceReport
+    from nbtoolkit.core.datasets import locate_data
+    from nbtoolkit.compile.log_reader import load_compile_log
+    from nbtoolkit.cluster.flight_recorder import load_flight_recorder
+    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline
+    from nbtoolkit.memory.snapshot_export import export_memory_snapshot
+    from nbtoolkit.memory.snapshot_ranks import load_rank_snapshots
+    from nbtoolkit.trace.summarize_folder import summarize_traces
+    from nbtoolkit.recompute.comparison import Comparison, Measurement
+    from nbtoolkit.trace.critical_path import CriticalPath
+    from nbtoolkit.compile.report import GraphComparison, GraphReport
+    from nbtoolkit.cluster.hang import HangReport
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.memory.timeline import MemoryTimeline
+    from nbtoolkit.memory.reports import MemoryDiff, MemoryImbalance
+    from nbtoolkit.metrics.step_metrics import StepMetrics
+    from nbtoolkit.recompute.plan import RecomputePlan
+    from nbtoolkit.memory.rank_memory import RankMemory
+    from nbtoolkit.trace.roofline import Roofline
+    from nbtoolkit.memory.snapshot import MemorySnapshot
+    from nbtoolkit.trace.trace import Trace
+    from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.recompute.optimize import optimize
+    from nbtoolkit.recompute.config import OptimizeConfig, RecomputeConfig
+    from nbtoolkit.recompute.planner import plan_recompute
+    from nbtoolkit.metrics.figures import mfu_chart
+    from nbtoolkit.recompute.panel import optimize_panel
+    from nbtoolkit.report.report import report
+    from nbtoolkit.timeline.widget import memory_widget, timeline_widget
+    from nbtoolkit.trace.views import OverlapReport, TraceReport

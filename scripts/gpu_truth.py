@@ -345,7 +345,7 @@ def check_plan_recompute(run: Run) -> Callable[[Check], None]:
         import torch
 
         import nbtoolkit as nbt
-        from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
+        from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 
         model, _optimizer, step, _data = gpt(run.device, large=run.large)
         names = [f"blocks.{i}" for i in range(len(model.blocks))]
@@ -625,7 +625,7 @@ def check_graphs(run: Run) -> Callable[[Check], None]:
 
 def check_timeline_lod(run: Run) -> Callable[[Check], None]:
     def body(check: Check) -> None:
-        from nbtoolkit.analysis.timeline_lod_trace import trace_timeline_index
+        from nbtoolkit.trace.timeline_index import trace_timeline_index
 
         trace = run.shared.get("trace")
         if trace is None:

@@ -48,8 +48,11 @@ def run_module_function(
 _BOUNDED_READ = """
 import json, os, resource, sys, time, warnings
 import nbtoolkit as nbt
-from nbtoolkit.io import compile_log, kineto, snapshot, snapshot_stream  # everything, before the limit
-import nbtoolkit.analysis.critical_path
+from nbtoolkit.compile import log_reader as compile_log  # everything, before the limit
+from nbtoolkit.trace import kineto
+from nbtoolkit.memory import snapshot_reader as snapshot
+from nbtoolkit.memory import snapshot_stream
+import nbtoolkit.trace.critical_path_analysis
 nbt.MemorySnapshot
 warnings.simplefilter("ignore")
 size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()

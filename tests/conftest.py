@@ -34,14 +34,14 @@ def shell() -> Iterator[InteractiveShell]:
 
 
 def locate_or_skip(name: str) -> Path:
-    """The local path of a real GPU artifact (nbtoolkit.datasets), or skip the test naming it.
+    """The local path of a real GPU artifact (nbtoolkit.core.datasets), or skip the test naming it.
 
     The artifact comes from NBT_DATA, ../shared/fixtures beside the checkout, the download cache
     or its pinned public origin; when none works (e.g. no network), the skip reason is the
     locator's one line: which artifact, and how to get it. A checksum mismatch is not a skip.
     """
-    from nbtoolkit.datasets import locate_data
-    from nbtoolkit.errors import DataUnavailableError
+    from nbtoolkit.core.datasets import locate_data
+    from nbtoolkit.core.errors import DataUnavailableError
 
     try:
         return locate_data(name)

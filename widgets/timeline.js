@@ -2,7 +2,7 @@
 //
 // The browser never holds the events. On every zoom or pan it asks the kernel for one screen
 // ({type: "view", t0, t1, width}); the kernel answers with a few rectangles per pixel and lane
-// in binary buffers (nbtoolkit/views/timeline_widget.py documents the columns). Until the answer
+// in binary buffers (nbtoolkit/timeline/widget.py documents the columns). Until the answer
 // arrives, the previous screen is redrawn under the new zoom, so the page reacts at once.
 // Every text from the trace goes into the page through textContent, never as HTML.
 // Times here are µs from the trace's origin (never epoch µs: a float64 of 1.69e15 µs resolves

@@ -13,7 +13,7 @@ across calls, pre-filled with ``rank``, ``world_size``, ``torch``, ``dist`` and 
 This module holds the cluster's lifecycle (start, connect, status, restart, close). The
 class gets its other jobs from two mixins: running code and instruments on the ranks
 (:mod:`nbtoolkit.cluster.running`) and moving variables and files (:mod:`nbtoolkit.cluster.transfer`).
-Its results are model objects (:mod:`nbtoolkit.model.cluster`).
+Its results are model objects (:mod:`nbtoolkit.cluster.state`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.cluster.rank_spec import rank_count
 from nbtoolkit.cluster.transfer import ClusterTransfer
-from nbtoolkit.errors import ClusterError, NbtUsageError
-from nbtoolkit.model._result import Result, escape
-from nbtoolkit.model.cluster import (
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
+from nbtoolkit.core.result import Result, escape
+from nbtoolkit.cluster.state import (
     COLLECTIVE_TIMEOUT_S,
     DEFAULT_RANKS,
     START_TIMEOUT_S,
@@ -36,8 +36,8 @@ from nbtoolkit.model.cluster import (
 if TYPE_CHECKING:
     from nbtoolkit.cluster.connection import Attachment
     from nbtoolkit.cluster.ranks import RankGroup
-    from nbtoolkit.model.trace import Trace
-    from nbtoolkit.model.trace_summary import TraceSummary
+    from nbtoolkit.trace.trace import Trace
+    from nbtoolkit.trace.summary import TraceSummary
 
 __all__ = ["Cluster"]
 
@@ -383,16 +383,16 @@ class Cluster(ClusterTransfer, Result):
         """Summarize the rank traces ``where`` names on the nodes holding them (a TraceSummary).
 
         Each node parses its own files; only per-rank summaries come back
-        (:mod:`nbtoolkit.cluster.trace_summaries`). Options as ``nbt.summarize_traces``:
+        (:mod:`nbtoolkit.cluster.summarize_traces`). Options as ``nbt.summarize_traces``:
         ``cache=``, ``on_error=``, ``include_last_step=``.
         """
-        from nbtoolkit.cluster.trace_summaries import summarize_on_cluster
+        from nbtoolkit.cluster.summarize_traces import summarize_on_cluster
 
         return summarize_on_cluster(self, str(where), **options)
 
     def load_trace_ranks(self, summary: TraceSummary, ranks: list[int], *, cache: bool = False) -> Trace:
         """The events of a few ranks of a cluster-made TraceSummary, read on their nodes (for lanes)."""
-        from nbtoolkit.cluster.trace_summaries import load_ranks_on_cluster
+        from nbtoolkit.cluster.summarize_traces import load_ranks_on_cluster
 
         return load_ranks_on_cluster(self, summary, list(ranks), cache=cache)
 

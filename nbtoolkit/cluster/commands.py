@@ -15,9 +15,9 @@ from pathlib import Path
 
 from nbtoolkit.cluster.cluster import Cluster
 from nbtoolkit.cluster.rank_spec import rank_count
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.cluster import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, ClusterStatus
-from nbtoolkit.model.hang import HangReport
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.cluster.state import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, ClusterStatus
+from nbtoolkit.cluster.hang import HangReport
 
 __all__ = ["cluster_command"]
 
@@ -46,7 +46,7 @@ def cluster_command(
     - ``stop``: stop the ranks (and the Ray cluster, if this process started it); prints
       ``cluster stopped`` and returns None.
     """
-    from nbtoolkit.views.progress import DelayedProgress
+    from nbtoolkit.core.progress import DelayedProgress
 
     if action not in CLUSTER_ACTIONS:
         raise NbtUsageError(f"unknown cluster action {action!r}: use one of {', '.join(CLUSTER_ACTIONS)}")

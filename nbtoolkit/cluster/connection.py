@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtoolkit.errors import ClusterError, NbtUsageError
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
 
 __all__ = [
     "Attachment",

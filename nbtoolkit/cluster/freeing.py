@@ -23,11 +23,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import ClusterError
+from nbtoolkit.core.errors import ClusterError
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.group_types import OutputCallback, RankGroupLike
-    from nbtoolkit.model.cluster import RankCallResult
+    from nbtoolkit.cluster.state import RankCallResult
 
 __all__ = ["free_stuck", "interrupts_deferred", "sever_peer_connections"]
 

@@ -16,7 +16,7 @@ old group keep a reference to it and would fail at their next collective:
   world group is destroyed), so :func:`rebind_fsdp2` asks the mesh again and it goes on working.
 
 :func:`group_holders` finds the top-level variables among these; what cannot be moved is named
-in the notebook's message (what to do with each: ``REBUILD_HINTS`` in :mod:`nbtoolkit.model.cluster`).
+in the notebook's message (what to do with each: ``REBUILD_HINTS`` in :mod:`nbtoolkit.cluster.state`).
 Imports torch only inside functions.
 """
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from nbtoolkit.model.cluster import RankCallResult
-    from nbtoolkit.model.hang import HangReport
+    from nbtoolkit.cluster.state import RankCallResult
+    from nbtoolkit.cluster.hang import HangReport
 
 __all__ = ["OutputCallback", "RankGroupLike", "RankProcess"]
 
@@ -24,7 +24,7 @@ OutputCallback = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", 
 class RankProcess:
     """What the notebook knows about one rank's worker process: where it runs and its state.
 
-    (Not :class:`nbtoolkit.model.trace.RankInfo`, which is the metadata of one rank of a trace.)
+    (Not :class:`nbtoolkit.trace.trace.RankInfo`, which is the metadata of one rank of a trace.)
     """
 
     rank: int

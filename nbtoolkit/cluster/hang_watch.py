@@ -4,8 +4,8 @@
 poll brings each rank's output and its count of completed collectives (the rank's
 ``poll``). When none of those moved for ``after_s`` seconds, the watch asks every rank for
 its collectives and its stack (``hang_state``, answered on the rank's control thread while
-the cell stays blocked), builds a :class:`~nbtoolkit.model.hang.HangReport` with
-:func:`~nbtoolkit.model.hang.diagnose_hang`, and shows it once, when it finds a hang: ranks
+the cell stays blocked), builds a :class:`~nbtoolkit.cluster.hang.HangReport` with
+:func:`~nbtoolkit.cluster.hang.diagnose_hang`, and shows it once, when it finds a hang: ranks
 that all compute (a long step without output) are left alone and looked at again a threshold
 later. Then it keeps waiting
 (Ctrl-C frees the ranks as before), or, with ``on_hang="interrupt"``, stops the cell the
@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.hang import (
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.cluster.hang import (
     HANG_AFTER_ENV,
     HANG_AFTER_S,
     CollectiveCall,
@@ -133,8 +133,8 @@ def _from_flight_recorder(rank: int, raw: dict[str, Any]) -> list[CollectiveCall
     """
     from dataclasses import replace
 
-    from nbtoolkit.errors import TraceError
-    from nbtoolkit.io.flight_recorder import parse_dump, rank_from_dump
+    from nbtoolkit.core.errors import TraceError
+    from nbtoolkit.cluster.flight_recorder import parse_dump, rank_from_dump
 
     data = raw.get("flight_recorder")
     if not data:

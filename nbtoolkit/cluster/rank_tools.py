@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nbtoolkit.model.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
+from nbtoolkit.core.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
 
 __all__ = [
     "capture_graphs_on_rank",
@@ -33,13 +33,13 @@ def profile_to_bytes(
 ) -> dict[str, Any]:
     """Profile ``step`` on this rank as ``nbt.profile`` does locally; return the gzipped Chrome trace.
 
-    The recording is :func:`nbtoolkit.capture.torch_profiler.record_step_trace` (``warmup``
+    The recording is :func:`nbtoolkit.trace.torch_profiler.record_step_trace` (``warmup``
     unprofiled calls, then ``steps`` calls labelled ``ProfilerStep#0`` ...), so a rank's
     trace has the same structure as the notebook's. Returns ``trace_gz`` (the gzipped
     JSON), ``raw_bytes`` (its size unzipped) and ``last`` (the step's last value when it
     is a plain number, e.g. the loss; else None).
     """
-    from nbtoolkit.capture.torch_profiler import record_step_trace, temporary_trace_file
+    from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
 
     with temporary_trace_file("nbt-rank-trace-") as path:
         last = record_step_trace(
@@ -64,8 +64,8 @@ def _plain(value: Any) -> Any:
 
 
 def memory_timeline_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
-    """nbtoolkit.capture.memory.memory_timeline of the rank's step."""
-    from nbtoolkit.capture.memory import PARTIAL_TIMELINE_NOTE, memory_timeline
+    """nbtoolkit.memory.capture.memory_timeline of the rank's step."""
+    from nbtoolkit.memory.capture import PARTIAL_TIMELINE_NOTE, memory_timeline
 
     try:
         return memory_timeline(step, **kwargs)
@@ -78,15 +78,15 @@ def memory_timeline_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
 
 
 def capture_graphs_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
-    """nbtoolkit.capture.graphs.capture_graphs of the rank's step."""
-    from nbtoolkit.capture.graphs import capture_graphs
+    """nbtoolkit.compile.capture.capture_graphs of the rank's step."""
+    from nbtoolkit.compile.capture import capture_graphs
 
     return capture_graphs(step, **kwargs)
 
 
 def step_metrics_on_rank(step: Callable[[], Any], **kwargs: Any) -> Any:
-    """nbtoolkit.capture.step_metrics.step_metrics of the rank's step (FLOPs, MFU, HFU)."""
-    from nbtoolkit.capture.step_metrics import step_metrics
+    """nbtoolkit.metrics.measure.step_metrics of the rank's step (FLOPs, MFU, HFU)."""
+    from nbtoolkit.metrics.measure import step_metrics
 
     return step_metrics(step, **kwargs)
 

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.cluster.group_types import OutputCallback, RankProcess
-from nbtoolkit.errors import ClusterError
-from nbtoolkit.model.cluster import RankCallResult, RankFailure
+from nbtoolkit.core.errors import ClusterError
+from nbtoolkit.cluster.state import RankCallResult, RankFailure
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.hang_watch import StallWatch
-    from nbtoolkit.model.hang import HangReport
+    from nbtoolkit.cluster.hang import HangReport
 
 __all__ = ["RankGroup"]
 

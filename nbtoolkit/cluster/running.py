@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.cluster.group_types import OutputCallback
 from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
 from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.cluster import PROFILE_STEPS, RemoteRun
-from nbtoolkit.model.measure_config import DEFAULT_WARMUP
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.cluster.state import PROFILE_STEPS, RemoteRun
+from nbtoolkit.core.measure_config import DEFAULT_WARMUP
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.hang_watch import StallWatch
     from nbtoolkit.cluster.ranks import RankGroup
-    from nbtoolkit.model.rank_memory import RankMemory
-    from nbtoolkit.model.trace import Trace
+    from nbtoolkit.memory.rank_memory import RankMemory
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["ClusterRunning"]
 Step = str | Callable[..., Any]  # cell source run in each rank's namespace, or a function
@@ -146,11 +146,11 @@ class ClusterRunning:
         :class:`RemoteRun` (None when no rank gave a value, like a cell without a final
         expression), with ``profile=True`` a multi-rank Trace of ``steps`` runs, with
         ``memory=True`` a RankMemory (``model``/``optimizer``: variable names on the ranks).
-        Raises :class:`~nbtoolkit.errors.RemoteCellError` when the cell failed on any rank.
+        Raises :class:`~nbtoolkit.core.errors.RemoteCellError` when the cell failed on any rank.
         ``hang_after_s``/``on_hang``: the stall diagnosis of a plain run (see :meth:`execute`).
         """
         from nbtoolkit.cluster.output import RankPrefixedPrinter
-        from nbtoolkit.views.progress import CELL_DELAY_S, DelayedProgress
+        from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
 
         if profile and memory:
             raise NbtUsageError("choose one of profile and memory (--profile, --memory): not both")
@@ -228,7 +228,7 @@ class ClusterRunning:
             "with_stack": with_stack,
         }
         result = self._tool("profile_to_bytes", code_or_fn, ranks, options, on_output)
-        from nbtoolkit.io.kineto import load_trace
+        from nbtoolkit.trace.kineto import load_trace
 
         folder = (
             Path(save_dir).expanduser()
@@ -259,7 +259,7 @@ class ClusterRunning:
         ``device``); ``model`` and ``optimizer`` may be given as names of variables in the
         ranks' namespaces.
         """
-        from nbtoolkit.model.rank_memory import RankMemory
+        from nbtoolkit.memory.rank_memory import RankMemory
 
         result = self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output)
         return RankMemory(timelines={rank: result.values[rank] for rank in result.ranks})
@@ -285,7 +285,7 @@ class ClusterRunning:
     ) -> list[Any]:
         """:func:`nbtoolkit.step_metrics` of the step on every rank: one StepMetrics per rank.
 
-        A per-rank table: ``nbtoolkit.model.metrics.metrics_frame(results, label="rank")``;
+        A per-rank table: ``nbtoolkit.metrics.step_metrics.metrics_frame(results, label="rank")``;
         a chart: ``nbt.mfu_chart(results)``.
         """
         return self._tool("step_metrics_on_rank", code_or_fn, ranks, options, on_output).value_list()

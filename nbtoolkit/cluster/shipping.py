@@ -35,7 +35,7 @@ class Unshippable:
 
 
 def _too_large(size: int, limit: int) -> ResultTooLarge:
-    from nbtoolkit.units import format_bytes
+    from nbtoolkit.core.units import format_bytes
 
     return ResultTooLarge(
         f"ResultTooLarge: the cell's value is {format_bytes(size)} pickled, more than max_result_bytes "

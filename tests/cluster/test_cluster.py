@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.errors import ClusterError, NbtUsageError
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -155,7 +155,7 @@ def test_output_is_streamed_live_with_a_rank_prefix(cluster) -> None:
 
 
 def test_an_exception_is_reported_once_per_rank_with_the_remote_traceback(cluster) -> None:
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     with pytest.raises(RemoteCellError) as info:
         cluster.run("def f():\n    return 1 / (rank - 1)\nf()")
@@ -177,7 +177,7 @@ def test_a_value_past_max_result_bytes_is_refused_naming_the_limit_and_the_rank_
     """Issue 32/9: a cell returning 1 GiB had no cap (fetch has one). The default cap (256 MiB)
     refuses a 257 MiB value on the rank; a call's limit and the cluster's attribute change it."""
     from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     assert cluster.max_result_bytes == RESULT_MAX_BYTES == 256 * 2**20
     with pytest.raises(RemoteCellError) as info:
@@ -221,7 +221,7 @@ def test_push_and_pull_variables(cluster) -> None:
 def test_ctrl_c_interrupts_the_cell_on_every_rank(cluster, ctrl_c_raises) -> None:
     import _thread
 
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does in a kernel
     started = time.monotonic()
@@ -242,7 +242,7 @@ def test_ctrl_c_frees_a_rank_blocked_in_a_collective_and_forms_a_new_group(clust
     rank 0's wait; a new group is formed and both ranks keep their variables."""
     import _thread
 
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     cluster.run("kept = rank * 10")
     cell = (
@@ -277,7 +277,7 @@ def test_ctrl_c_pressed_again_while_the_ranks_are_freed_does_not_leave_them_half
     cell hung). Now they are held off until the ranks stopped, and the call ends with one error."""
     import _thread
 
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     cluster.run("kept = rank + 100")
     cell = (
@@ -306,7 +306,7 @@ def test_ctrl_c_frees_a_rank_blocked_in_ddps_own_allreduce_in_backward(cluster, 
     before the 60 s collective timeout, and the same DDP model trains on in the new group."""
     import _thread
 
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     cluster.run("from torch.nn.parallel import DistributedDataParallel as DDP\n"
                 "ddp = DDP(torch.nn.Linear(4, 4)); steps = 0")
@@ -353,7 +353,7 @@ def test_stop_on_hang_stops_a_skipped_ddp_step_and_the_model_trains_on(cluster, 
 def test_careless_cells_end_in_one_clear_error_and_the_ranks_stay_usable(cluster) -> None:
     """A cell raising KeyboardInterrupt itself is its own error, not "interrupted"; a value that
     pickles on the rank but not in the notebook is named (it escaped as Ray's RaySystemError)."""
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     with pytest.raises(RemoteCellError) as info:
         cluster.run("if rank == 1:\n    raise KeyboardInterrupt('mine')\nrank")
@@ -434,7 +434,7 @@ def test_graph_reports_come_back_from_every_rank(cluster) -> None:
 
 
 def test_step_metrics_come_back_from_every_rank(cluster) -> None:
-    from nbtoolkit.model.metrics import StepMetrics, metrics_frame
+    from nbtoolkit.metrics.step_metrics import StepMetrics, metrics_frame
 
     def linear_step() -> None:
         import torch
@@ -476,8 +476,8 @@ def test_memory_timelines_of_every_rank_after_an_interrupt_with_output_streaming
 
     from IPython.core.interactiveshell import InteractiveShell
 
-    from nbtoolkit.errors import RemoteCellError
-    from nbtoolkit.model.rank_memory import RankMemory
+    from nbtoolkit.core.errors import RemoteCellError
+    from nbtoolkit.memory.rank_memory import RankMemory
 
     timer = threading.Timer(0.5, _thread.interrupt_main)
     timer.start()
@@ -518,7 +518,7 @@ def test_fetch_brings_back_the_files_ranks_wrote_and_they_load_as_one_trace(
     from IPython.core.interactiveshell import InteractiveShell
 
     import nbtoolkit as nbt
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     written = tmp_path / "on_ranks"  # a local cluster's ranks share this file system
     cluster.run(
@@ -600,7 +600,7 @@ def test_magics_run_cells_stream_output_and_show_errors_once(
 ) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbtoolkit")
@@ -739,7 +739,7 @@ def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
 
 
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
-    from nbtoolkit.errors import RemoteCellError
+    from nbtoolkit.core.errors import RemoteCellError
 
     victim = cluster.pids[1]
     killer = threading.Timer(1.0, os.kill, args=(victim, signal.SIGKILL))

@@ -14,10 +14,10 @@ from nbtoolkit.cluster.rank_actor import RankActor
 from nbtoolkit.cluster.rank_spec import parse_ranks
 from nbtoolkit.cluster.rank_tools import read_matching_files
 from nbtoolkit.cluster.ranks import _death_cause
-from nbtoolkit.errors import ClusterError, NbtUsageError, RemoteCellError
+from nbtoolkit.core.errors import ClusterError, NbtUsageError, RemoteCellError
 from nbtoolkit.integrations.deepspeed.config import grid_settings, label, zero_config
 from nbtoolkit.integrations.deepspeed.sweep import read_sweep
-from nbtoolkit.model.cluster import ClusterStatus, RankCallResult, RankFailure, RemoteRun
+from nbtoolkit.cluster.state import ClusterStatus, RankCallResult, RankFailure, RemoteRun
 
 
 def test_parse_ranks_accepts_lists_ranges_and_all() -> None:
@@ -241,7 +241,7 @@ def test_a_gpu_ranks_memory_result_survives_the_trip_to_the_notebook(real_data) 
     from ray import cloudpickle
 
     from nbtoolkit import load_memory_snapshot
-    from nbtoolkit.model.rank_memory import RankMemory
+    from nbtoolkit.memory.rank_memory import RankMemory
 
     snapshot = load_memory_snapshot(real_data("memory/kk_memory_files_memory_ctx128_fullstep.pickle"))
     timeline = snapshot.timeline()
@@ -271,9 +271,9 @@ def test_old_import_paths_name_the_moved_classes() -> None:
     """RemoteRun and ClusterStatus moved to the model, RemoteCellError to errors: old imports still work."""
     import nbtoolkit as nbt
     import nbtoolkit.cluster.ranks as ranks
-    import nbtoolkit.model.cluster as model
-    from nbtoolkit import errors
-    from nbtoolkit.views.cluster import remote_run_html, status_html
+    import nbtoolkit.cluster.state as model
+    from nbtoolkit.core import errors
+    from nbtoolkit.cluster.figures import remote_run_html, status_html
 
     assert RemoteRun is model.RemoteRun and ClusterStatus is model.ClusterStatus
     assert RemoteCellError is errors.RemoteCellError is nbt.RemoteCellError
@@ -290,7 +290,7 @@ def test_old_import_paths_name_the_moved_classes() -> None:
 def test_fetched_files_are_a_list_of_paths_that_says_what_came_back(tmp_path) -> None:
     from pathlib import Path
 
-    from nbtoolkit.model.cluster import FetchedFiles
+    from nbtoolkit.cluster.state import FetchedFiles
 
     (tmp_path / "rank1-b.json").write_bytes(b"x" * 3000)
     (tmp_path / "rank0-a.json").write_bytes(b"y" * 1000)
@@ -298,7 +298,7 @@ def test_fetched_files_are_a_list_of_paths_that_says_what_came_back(tmp_path) ->
     assert isinstance(files, list) and all(isinstance(p, Path) for p in files)
     assert [p.name for p in files] == ["rank0-a.json", "rank1-b.json"]  # sorted
     assert files.total_bytes == 4000 and files.folder == tmp_path
-    from nbtoolkit.units import format_bytes
+    from nbtoolkit.core.units import format_bytes
 
     assert repr(files).splitlines()[0] == f"fetched 2 files ({format_bytes(4000)}) into {tmp_path}"
     assert "rank1-b.json" in files._repr_html_()
@@ -306,7 +306,7 @@ def test_fetched_files_are_a_list_of_paths_that_says_what_came_back(tmp_path) ->
 
 def test_rank_counts_read_from_a_line_or_given_as_numbers() -> None:
     from nbtoolkit.cluster.rank_spec import rank_count
-    from nbtoolkit.model.cluster import DEFAULT_RANKS
+    from nbtoolkit.cluster.state import DEFAULT_RANKS
 
     assert rank_count(None) == DEFAULT_RANKS
     assert rank_count("4") == rank_count(4) == 4

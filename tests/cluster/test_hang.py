@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nbtoolkit.errors import RemoteCellError
+from nbtoolkit.core.errors import RemoteCellError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -171,7 +171,7 @@ def test_hang_report_answers_live_from_another_thread_then_ctrl_c_frees_the_rank
 
 
 def test_a_bad_threshold_is_a_usage_error(cluster) -> None:
-    from nbtoolkit.errors import NbtUsageError
+    from nbtoolkit.core.errors import NbtUsageError
 
     with pytest.raises(NbtUsageError, match="hang_after_s must be >= 0"):
         cluster.run("1", hang_after_s=-1)

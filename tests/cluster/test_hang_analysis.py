@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.errors import TraceError
-from nbtoolkit.model.hang import CollectiveCall, RankHang, diagnose_hang
+from nbtoolkit.core.errors import TraceError
+from nbtoolkit.cluster.hang import CollectiveCall, RankHang, diagnose_hang
 from tests._python import run_python
 
 WORKER = Path(__file__).with_name("_fr_worker.py")
@@ -136,8 +136,8 @@ def recorded_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _fr_trace(folder: Path, tmp_path: Path) -> str:
     """torch's own analyzer on the dumps (gloo's unnamed default group repaired first, see
-    nbtoolkit.io.flight_recorder)."""
-    from nbtoolkit.io.flight_recorder import read_dump, repair_pg_config
+    nbtoolkit.cluster.flight_recorder)."""
+    from nbtoolkit.cluster.flight_recorder import read_dump, repair_pg_config
 
     fixed = tmp_path / folder.name
     fixed.mkdir()

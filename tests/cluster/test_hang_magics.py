@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nbtoolkit.errors import RemoteCellError
+from nbtoolkit.core.errors import RemoteCellError
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -99,7 +99,7 @@ def test_ctrl_c_keeps_where_each_rank_was_for_cluster_why(shell, capsys) -> None
 
 def test_the_threshold_comes_from_the_environment_or_the_cluster(shell, monkeypatch, capsys) -> None:
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.errors import NbtUsageError
+    from nbtoolkit.core.errors import NbtUsageError
 
     cluster = Cluster.current()
     monkeypatch.setenv("NBT_HANG_AFTER_S", "2")

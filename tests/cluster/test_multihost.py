@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.errors import ClusterError, RemoteCellError
+from nbtoolkit.core.errors import ClusterError, RemoteCellError
 from tests.cluster.multihost import MultiHostBed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -150,7 +150,7 @@ def test_the_right_token_after_a_wrong_one_connects_every_time(multihost: MultiH
     code = f"""
 import time
 import nbtoolkit as nbt
-from nbtoolkit.errors import ClusterError
+from nbtoolkit.core.errors import ClusterError
 for round in range(2):
     try:
         nbt.Cluster.connect({multihost.client_address!r}, token="not-the-token", ranks=1)
@@ -177,7 +177,7 @@ def test_a_version_mismatch_names_both_sides(multihost: MultiHostBed) -> None:
 import ray._private.utils as utils
 utils.compute_version_info = lambda: ("2.0.0", "3.9.1")
 import nbtoolkit as nbt
-from nbtoolkit.errors import ClusterError
+from nbtoolkit.core.errors import ClusterError
 try:
     nbt.Cluster.connect({multihost.client_address!r}, token={multihost.token!r}, ranks=1)
 except ClusterError as exc:

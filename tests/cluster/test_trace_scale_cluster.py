@@ -31,7 +31,7 @@ def cluster() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def scale_folder(tmp_path_factory: pytest.TempPathFactory, real_data) -> Path:
-    from nbtoolkit.io.scale_set import write_scale_set
+    from nbtoolkit.trace.scale_set import write_scale_set
 
     folder = tmp_path_factory.mktemp("scale") / "traces"
     write_scale_set(real_data("traces/param_dlrm_8rank"), folder, ranks=RANKS, corrupt=[4], missing=[10])
@@ -40,7 +40,7 @@ def scale_folder(tmp_path_factory: pytest.TempPathFactory, real_data) -> Path:
 
 def test_cluster_summary_equals_local_and_full_load(cluster, scale_folder: Path) -> None:
     import nbtoolkit as nbt
-    from nbtoolkit.io.scale_set import ScaleSet
+    from nbtoolkit.trace.scale_set import ScaleSet
 
     made = ScaleSet.read(scale_folder)
     remote = cluster.summarize_traces(scale_folder)
@@ -69,7 +69,7 @@ def test_cluster_brings_the_lanes_of_chosen_ranks_only(cluster, scale_folder: Pa
 
 
 def test_a_pattern_matching_nothing_names_it(cluster, tmp_path: Path) -> None:
-    from nbtoolkit.errors import ClusterError
+    from nbtoolkit.core.errors import ClusterError
 
     with pytest.raises(ClusterError, match="no trace file matches"):
         cluster.summarize_traces(tmp_path / "nothing-here")

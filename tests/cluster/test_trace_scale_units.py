@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.cluster.trace_summaries import _assign, list_trace_files_on_rank
+from nbtoolkit.cluster.summarize_traces import _assign, list_trace_files_on_rank
 
 
 def test_each_file_goes_to_one_rank_of_a_node_that_has_it() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.datasets import (
+from nbtoolkit.core.datasets import (
     CHECKOUT_FIXTURES,
     REGISTRY_FILE,
     Artifact,
@@ -23,7 +23,7 @@ from nbtoolkit.datasets import (
     data_folders,
     default_registry,
 )
-from nbtoolkit.errors import DataError, DataUnavailableError, NbtUsageError
+from nbtoolkit.core.errors import DataError, DataUnavailableError, NbtUsageError
 
 CONTENT = b'{"traceEvents": []}\n' * 50
 SHA = hashlib.sha256(CONTENT).hexdigest()
@@ -138,7 +138,7 @@ def test_a_missing_artifact_skips_the_test_naming_it(monkeypatch: pytest.MonkeyP
     spec.loader.exec_module(conftest)
     monkeypatch.setenv("NBT_DATA_DOWNLOAD", "0")
     monkeypatch.setenv("NBT_DATA_CACHE", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr("nbtoolkit.datasets.data_folders", list)
+    monkeypatch.setattr("nbtoolkit.core.datasets.data_folders", list)
     reason = r"real data 'traces/hta_cpu_only' is in no data folder .*NBT_DATA="
     with pytest.raises(pytest.skip.Exception, match=reason):
         conftest.locate_or_skip("traces/hta_cpu_only")

@@ -5,7 +5,7 @@ itself (a torch.profiler trace, a TORCH_TRACE log of a compile with a graph brea
 allocator snapshot written from a memory timeline), and a few small real GPU files when the
 fixture locator has them, after hypothesis has damaged them: truncated, bytes flipped, a value
 of the JSON / pickle swapped for one of another type, gzipped and then damaged. Each read must
-return a result or raise an :class:`~nbtoolkit.errors.NbtError`: any other exception, a read
+return a result or raise an :class:`~nbtoolkit.core.errors.NbtError`: any other exception, a read
 that takes longer than a few seconds (a hang) or one that exhausts the memory limit fails.
 
 It runs in a fresh process (``tests/_python.py``) under an address-space limit (``RLIMIT_AS``,
@@ -139,7 +139,7 @@ def _swap(value: Any, path: list[int], replacement: Any) -> Any:
 
 def _swap_in_file(kind: str, data: bytes, path: list[int], replacement: Any) -> bytes:
     """A type swap inside the file's structure (JSON document, one log envelope, the pickle)."""
-    from nbtoolkit.io.snapshot import restricted_loads
+    from nbtoolkit.memory.snapshot_reader import restricted_loads
 
     raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
     if kind in ("trace", "timeline"):
@@ -211,7 +211,7 @@ def _read_once(
     reader: tuple[str, Callable[[Path], Any]], kind: str, damaged: bytes, scratch: Path, how: str
 ) -> str:
     """Read one damaged file: "result" or "NbtError"; anything else (or a hang) fails, keeping the file."""
-    from nbtoolkit.errors import NbtError
+    from nbtoolkit.core.errors import NbtError
 
     suffix, read = reader
     gz = ".gz" if damaged[:2] == b"\x1f\x8b" else ""
@@ -246,7 +246,7 @@ def fuzz() -> None:
     import nbtoolkit as nbt
 
     readers, inputs = _readers(), _inputs()
-    for module in ("nbtoolkit.io.kineto", "nbtoolkit.io.compile_log", "nbtoolkit.io.snapshot"):
+    for module in ("nbtoolkit.trace.kineto", "nbtoolkit.compile.log_reader", "nbtoolkit.memory.snapshot_reader"):
         __import__(module)
     nbt.MemorySnapshot  # import the model classes before the memory limit
     _limit_memory(int(1.5 * 2**30))

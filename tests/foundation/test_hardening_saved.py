@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtError, NbtUsageError, SaveError, SnapshotError, TraceError
+from nbtoolkit.core.errors import NbtError, NbtUsageError, SaveError, SnapshotError, TraceError
 
 
 # ------------------------------------------------------------------ small results, made here
@@ -96,7 +96,7 @@ def _timeline() -> nbt.MemoryTimeline:
 
 
 def _graphs() -> nbt.GraphReport:
-    from nbtoolkit.model.graph_schema import FRAME_COLUMNS
+    from nbtoolkit.compile.schema import FRAME_COLUMNS
 
     frames = {
         name: pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})

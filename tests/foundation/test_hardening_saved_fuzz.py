@@ -9,7 +9,7 @@ huge, a Parquet file truncated, with bytes flipped, deleted or given other schem
 JSON metadata edited (a value of another type, a key deleted, a list where the object is, an extra
 key), truncated, flipped or deleted; extra files.
 
-Each load must return a result or raise an :class:`~nbtoolkit.errors.NbtError`; a result must then
+Each load must return a result or raise an :class:`~nbtoolkit.core.errors.NbtError`; a result must then
 be usable: its text and HTML, and its analyses (``stats()``, ``by_category()``, the trace analyses,
 ``break_summary()``...) return or raise an NbtError, never another exception later in an analysis.
 A damaged cache is no error at all: the load reads the source again, and when the tampering only
@@ -485,7 +485,7 @@ def _try_once(
     pristine: Any,
 ) -> str:
     """Tamper with a copy, load and use it: "result" or "NbtError"; anything else fails, keeping the copy."""
-    from nbtoolkit.errors import NbtError
+    from nbtoolkit.core.errors import NbtError
 
     copy = scratch / f"{kind}{source.suffix}"
     if copy.is_dir():

@@ -63,11 +63,11 @@ FUNCTION_LOCAL_UP: dict[str, set[str]] = {
 # The cluster one: freeing and hang_watch annotate RankGroup, whose call() imports them.
 KNOWN_CYCLES: list[set[str]] = [
     {
-        "nbtoolkit.analysis._kernels", "nbtoolkit.analysis.breakdown", "nbtoolkit.analysis.overlap",
-        "nbtoolkit.analysis.rank_summary", "nbtoolkit.analysis.stragglers", "nbtoolkit.io._kineto_columns",
-        "nbtoolkit.io._kineto_ranks", "nbtoolkit.io.kineto", "nbtoolkit.io.trace_cache",
-        "nbtoolkit.io.trace_summaries", "nbtoolkit.model.inputs", "nbtoolkit.model.trace",
-        "nbtoolkit.model.trace_summary", "nbtoolkit.views.trace_scale", "nbtoolkit.views.trace_views",
+        "nbtoolkit.trace._kernels", "nbtoolkit.trace.breakdown", "nbtoolkit.trace.overlap",
+        "nbtoolkit.trace.summarize_rank", "nbtoolkit.trace.stragglers", "nbtoolkit.trace._kineto_columns",
+        "nbtoolkit.trace._kineto_ranks", "nbtoolkit.trace.kineto", "nbtoolkit.trace.trace_cache",
+        "nbtoolkit.trace.summarize_folder", "nbtoolkit.core.inputs", "nbtoolkit.trace.trace",
+        "nbtoolkit.trace.summary", "nbtoolkit.trace.scale_views", "nbtoolkit.trace.views",
     },
     {"nbtoolkit.cluster.freeing", "nbtoolkit.cluster.hang_watch", "nbtoolkit.cluster.ranks"},
 ]
@@ -257,12 +257,12 @@ def test_the_detector_sees_upward_and_relative_imports(tmp_path: Path) -> None:
     # The checks above must be able to fail: a model module importing views inside a function,
     # or analysis reaching io through a relative import, is named with its line.
     sample = tmp_path / "probe.py"
-    sample.write_text("from nbtoolkit.views.memory import timeline_figure\n")
-    assert "line 1: nbtoolkit.views.memory" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
-    sample.write_text("def f():\n    from nbtoolkit.views.memory import timeline_figure\n")
+    sample.write_text("from nbtoolkit.memory.figures import timeline_figure\n")
+    assert "line 1: nbtoolkit.memory.figures" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
+    sample.write_text("def f():\n    from nbtoolkit.memory.figures import timeline_figure\n")
     assert _upward_imports(sample, "nbtoolkit.model.probe") is None  # a method delegating its work
-    sample.write_text("def f():\n    from nbtoolkit.capture.memory import memory_timeline\n")
-    assert "line 2: nbtoolkit.capture.memory" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
+    sample.write_text("def f():\n    from nbtoolkit.memory.capture import memory_timeline\n")
+    assert "line 2: nbtoolkit.memory.capture" in (_upward_imports(sample, "nbtoolkit.model.probe") or "")
     sample.write_text("from ..io import kineto\nfrom . import _intervals\n")
     problem = _upward_imports(sample, "nbtoolkit.analysis.probe") or ""
-    assert "line 1: nbtoolkit.io.kineto" in problem and "_intervals" not in problem
+    assert "line 1: nbtoolkit.trace.kineto" in problem and "_intervals" not in problem

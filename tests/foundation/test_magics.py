@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbtoolkit.magics._registry import Argument, MagicCall, Subcommand, register
+from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
 
 
 def _echo(args: Any, call: MagicCall) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def test_load_ext_registers_line_and_cell_magic(shell: InteractiveShell) -> None
 
 
 def test_help_lists_every_subcommand_with_one_line(shell: InteractiveShell) -> None:
-    from nbtoolkit.magics._registry import all_subcommands
+    from nbtoolkit.core.magic_registry import all_subcommands
 
     text = str(shell.run_line_magic("nbt", "help"))
     assert "help [SUB]" in text
@@ -80,7 +80,7 @@ def test_wrong_mode_is_a_usage_error(shell: InteractiveShell) -> None:
 
 
 def test_nbt_errors_show_as_one_line(shell: InteractiveShell, capsys: Any) -> None:
-    from nbtoolkit.errors import TraceError
+    from nbtoolkit.core.errors import TraceError
 
     def _fail(args: Any, call: MagicCall) -> None:
         raise TraceError("cannot read /nowhere.json: no such file; pass a trace file or folder")

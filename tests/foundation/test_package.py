@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.model._result import Result, escape, html_table
+from nbtoolkit.core.result import Result, escape, html_table
 
 HEAVY = ["torch", "ray", "deepspeed", "plotly", "pandas", "pyarrow"]
 
@@ -45,7 +45,7 @@ def test_import_and_load_ext_import_nothing_heavy() -> None:
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "shell = InteractiveShell.instance()\n"
         "shell.run_line_magic('load_ext', 'nbtoolkit')\n"
-        "from nbtoolkit.magics._dispatch import help_text\n"
+        "from nbtoolkit.magic_dispatch import help_text\n"
         "help_text()\n"
     )
     heavy = [name for name, present in loaded.items() if present]

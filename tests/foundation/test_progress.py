@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nbtoolkit.views.progress import progress
+from nbtoolkit.core.progress import progress
 
 
 def test_quick_work_shows_nothing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.model._result import Result, escape
+from nbtoolkit.core.result import Result, escape
 
 
 class _Finding(Result):

@@ -16,21 +16,21 @@ from tests._python import run_python
 
 # old module -> {name: new module that now defines it}
 MOVED = {
-    "nbtoolkit.io.compile_events": {
-        "FRAME_COLUMNS": "nbtoolkit.model.graph_schema",
-        "CompileKey": "nbtoolkit.io.compile_envelope",
-        "format_compile_id": "nbtoolkit.io.compile_envelope",
-        "record_kind": "nbtoolkit.io.compile_envelope",
-        "GRAPH_BREAK_SITE": "nbtoolkit.io.graph_break_text",
-        "GraphBreakText": "nbtoolkit.io.graph_break_text",
-        "parse_graph_break_text": "nbtoolkit.io.graph_break_text",
-        "source_context": "nbtoolkit.io.graph_break_text",
+    "nbtoolkit.compile.log_events": {
+        "FRAME_COLUMNS": "nbtoolkit.compile.schema",
+        "CompileKey": "nbtoolkit.compile.log_envelope",
+        "format_compile_id": "nbtoolkit.compile.log_envelope",
+        "record_kind": "nbtoolkit.compile.log_envelope",
+        "GRAPH_BREAK_SITE": "nbtoolkit.compile.break_text",
+        "GraphBreakText": "nbtoolkit.compile.break_text",
+        "parse_graph_break_text": "nbtoolkit.compile.break_text",
+        "source_context": "nbtoolkit.compile.break_text",
     },
-    "nbtoolkit.capture.step_metrics": {
-        "FlopCounts": "nbtoolkit.capture.flop_count",
-        "count_step_flops": "nbtoolkit.capture.flop_count",
-        "measure_matmul_peak": "nbtoolkit.capture.peak_flops",
-        "resolve_peak": "nbtoolkit.capture.peak_flops",
+    "nbtoolkit.metrics.measure": {
+        "FlopCounts": "nbtoolkit.metrics.flop_count",
+        "count_step_flops": "nbtoolkit.metrics.flop_count",
+        "measure_matmul_peak": "nbtoolkit.metrics.peak_flops",
+        "resolve_peak": "nbtoolkit.metrics.peak_flops",
     },
     "nbtoolkit.integrations.deepspeed": {
         "KNOBS": "nbtoolkit.integrations.deepspeed.config",
@@ -50,7 +50,7 @@ MOVED = {
 
 NEW_MODULES = sorted(
     {new for names in MOVED.values() for new in names.values()}
-    | {"nbtoolkit.model.snapshot_stacks", "nbtoolkit.model.snapshot_timeline"}
+    | {"nbtoolkit.memory.snapshot_stacks", "nbtoolkit.memory.snapshot_timeline"}
 )
 
 

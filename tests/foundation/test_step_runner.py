@@ -1,4 +1,4 @@
-"""The one step runner (nbtoolkit.capture.step_runner), its MeasureConfig and StepError, and that
+"""The one step runner (nbtoolkit.core.step_runner), its MeasureConfig and StepError, and that
 every measuring API takes config=MeasureConfig."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, StepError
-from nbtoolkit.model.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP, MeasureConfig, measure_config
+from nbtoolkit.core.errors import NbtUsageError, StepError
+from nbtoolkit.core.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP, MeasureConfig, measure_config
 
 PACKAGE = Path(nbt.__file__).parent
 
 
 def test_measure_config_is_public_and_imports_no_torch() -> None:
     assert nbt.MeasureConfig is MeasureConfig
-    from nbtoolkit.optimizations.config import MeasureConfig as from_optimize
+    from nbtoolkit.recompute.config import MeasureConfig as from_optimize
 
     assert from_optimize is MeasureConfig  # OptimizeConfig.measure is the same class
     code = (
@@ -63,7 +63,7 @@ def test_one_set_of_defaults_and_the_merge(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_runner_calls_warmup_then_timed_steps_and_times_only_those(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbtoolkit.capture import step_runner
+    from nbtoolkit.core import step_runner
 
     clock = [0.0]
     calls: list[int] = []
@@ -87,7 +87,7 @@ def test_runner_calls_warmup_then_timed_steps_and_times_only_those(monkeypatch: 
 
 
 def test_runner_synchronizes_around_timed_steps_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbtoolkit.capture import step_runner
+    from nbtoolkit.core import step_runner
 
     events: list[str] = []
     monkeypatch.setattr(step_runner, "synchronize", lambda device=None: events.append(f"sync {device}"))
@@ -99,7 +99,7 @@ def test_runner_synchronizes_around_timed_steps_unless_told_not_to(monkeypatch: 
 
 
 def test_a_failing_step_is_one_step_error_with_the_original_chained() -> None:
-    from nbtoolkit.capture.step_runner import run_steps
+    from nbtoolkit.core.step_runner import run_steps
 
     calls: list[int] = []
 
@@ -120,7 +120,7 @@ def test_a_failing_step_is_one_step_error_with_the_original_chained() -> None:
 
 
 def test_keyboard_interrupt_and_our_own_errors_pass_unchanged() -> None:
-    from nbtoolkit.capture.step_runner import run_steps
+    from nbtoolkit.core.step_runner import run_steps
 
     def interrupted() -> None:
         raise KeyboardInterrupt
@@ -159,7 +159,7 @@ def test_the_step_runner_holds_the_only_timing_loop() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if path != runner and (lines := _timing_loops(path))
     }
-    assert others == {}, f"time steps with nbtoolkit.capture.step_runner.run_steps instead: {others}"
+    assert others == {}, f"time steps with nbtoolkit.core.step_runner.run_steps instead: {others}"
 
 
 def test_one_synchronize_helper() -> None:
@@ -235,7 +235,7 @@ def test_optimize_takes_a_measure_config(tiny: Any) -> None:
 
 
 def test_plan_recompute_takes_a_measure_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbtoolkit.optimizations import recompute
+    from nbtoolkit.recompute import planner as recompute
 
     seen: dict[str, Any] = {}
 

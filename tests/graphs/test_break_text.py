@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nbtoolkit.analysis.graph_breaks import break_summary, classify_break, fix_hint
-from nbtoolkit.io.graph_break_text import parse_graph_break_text
-from nbtoolkit.model.graph_schema import FRAME_COLUMNS
+from nbtoolkit.compile.break_summary import break_summary, classify_break, fix_hint
+from nbtoolkit.compile.break_text import parse_graph_break_text
+from nbtoolkit.compile.schema import FRAME_COLUMNS
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 
@@ -168,7 +168,7 @@ def test_fix_hints_name_real_torch_apis() -> None:
 
 
 def test_a_record_of_unexpected_shape_is_skipped_with_a_note() -> None:
-    from nbtoolkit.io.compile_events import CompileEventParser
+    from nbtoolkit.compile.log_events import CompileEventParser
 
     parser = CompileEventParser()
     parser.add({"compilation_metrics": {"graph_op_count": 2}, "frame_id": "zero?"}, None)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.model.graphs import GraphReport
+from nbtoolkit.compile.report import GraphReport
 
 from ._same_report import assert_same_report
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.io.compile_log import CompileLogWarning
+from nbtoolkit.compile.log_reader import CompileLogWarning
 
 REFERENCE_SETS = ["simple", "comp_metrics", "comp_failure"]
 
@@ -210,7 +210,7 @@ def test_graph_break_attempts_are_not_compile_failures() -> None:
     is a compile failure; a backend failure is, on whichever rank."""
     import pandas as pd
 
-    from nbtoolkit.model.graphs import GraphReport
+    from nbtoolkit.compile.report import GraphReport
 
     failures = pd.DataFrame(
         [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.io.compile_log import CompileLogWarning
+from nbtoolkit.compile.log_reader import CompileLogWarning
 
 _LINE = 'V0403 07:28:48.061000 139877824898048 torch/_dynamo/output_graph.py:1139] {"str": ["x", 0]}\n'
 

@@ -19,7 +19,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.io.user_source import MAX_SOURCE_BYTES, SourcePolicy, read_source_lines
+from nbtoolkit.compile.user_source import MAX_SOURCE_BYTES, SourcePolicy, read_source_lines
 
 SECRET = "s3cr3t-token-4f9a"
 _PREFIX = "V1126 09:00:00.000000 4242 torch/_dynamo/symbolic_convert.py:100] "

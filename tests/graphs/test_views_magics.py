@@ -11,8 +11,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.model.graphs import GraphReport
-from nbtoolkit.views.graphs import compile_time_chart, graph_break_explorer, graph_code_view
+from nbtoolkit.compile.report import GraphReport
+from nbtoolkit.compile.figures import compile_time_chart, graph_break_explorer, graph_code_view
 
 
 def step_evil(x: torch.Tensor) -> torch.Tensor:

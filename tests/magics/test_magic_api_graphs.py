@@ -50,7 +50,7 @@ def test_graphs_magic_finds_what_capture_graphs_finds(shell: InteractiveShell) -
 def test_compile_log_magic_shows_what_load_compile_log_gives(
     shell: InteractiveShell, tmp_path: Path
 ) -> None:
-    from nbtoolkit.errors import CompileLogError
+    from nbtoolkit.core.errors import CompileLogError
 
     missing = tmp_path / "missing.log"
     with pytest.raises(CompileLogError) as from_magic:

@@ -10,7 +10,7 @@ from typing import Any
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.io.snapshot import load_memory_snapshot
+from nbtoolkit.memory.snapshot_reader import load_memory_snapshot
 
 FRAMES = [{"name": "forward", "filename": "/home/u/train.py", "line": 3}]
 SNAPSHOT: dict[str, Any] = {

@@ -26,7 +26,7 @@ def test_plan_magic_chooses_what_plan_recompute_chooses(shell: InteractiveShell)
 def test_report_magic_writes_what_report_writes(
     shell: InteractiveShell, tmp_path: Path, assert_same_display: Callable[..., None]
 ) -> None:
-    from nbtoolkit.model.cluster import ClusterStatus
+    from nbtoolkit.cluster.state import ClusterStatus
 
     status = ClusterStatus(
         {"address": "127.0.0.1:1", "origin": "connected", "world_size": 1, "backend": "gloo", "master": None},

@@ -14,7 +14,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.views.trace_views import OverlapReport, TraceReport
+from nbtoolkit.trace.views import OverlapReport, TraceReport
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 
 
 class Block(nn.Module):
@@ -204,7 +204,7 @@ def test_without_model_modules_are_named_by_modtracker() -> None:
 
 
 def test_refuses_to_nest_inside_another_profiler() -> None:
-    from nbtoolkit.errors import CaptureError
+    from nbtoolkit.core.errors import CaptureError
 
     with torch.profiler.profile(), pytest.raises(CaptureError, match="already recording"):
         nbt.memory_timeline(lambda: torch.ones(4))
@@ -217,7 +217,7 @@ def test_live_tensor_bytes_counts_real_storage_and_skips_fake_tensors() -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nbtoolkit.capture.memory_profile import live_tensor_bytes
+    from nbtoolkit.memory.profile import live_tensor_bytes
 
     before = live_tensor_bytes()
     real = torch.ones(256, 1024)  # 1 MiB

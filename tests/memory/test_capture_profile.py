@@ -1,4 +1,4 @@
-"""The one walker of torch's memory profiler (nbtoolkit.capture.memory_profile), checked against torch."""
+"""The one walker of torch's memory profiler (nbtoolkit.memory.profile), checked against torch."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from nbtoolkit.capture.memory_profile import (
+from nbtoolkit.memory.profile import (
     mark,
     peak_by_category,
     profile_memory_series,
     run_memory_profiled,
     tensor_events,
 )
-from nbtoolkit.errors import CaptureError
+from nbtoolkit.core.errors import CaptureError
 
 
 class _Residual(nn.Module):

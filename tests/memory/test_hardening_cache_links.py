@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import nbtoolkit as nbt
-from nbtoolkit.io.snapshot_cache import cache_folder
-from nbtoolkit.model.snapshot_columns import SnapshotFilter
+from nbtoolkit.memory.snapshot_cache import cache_folder
+from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from tests.conftest import folder_state
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtError, SnapshotError
-from nbtoolkit.io.snapshot_pickle import RefusingUnpickler
+from nbtoolkit.core.errors import NbtError, SnapshotError
+from nbtoolkit.memory.snapshot_pickle import RefusingUnpickler
 
 CALLS: list[tuple[object, ...]] = []
 
@@ -102,7 +102,7 @@ def test_an_unregistered_extension_code_is_a_clear_error(tmp_path: Path) -> None
 
 
 def test_the_flight_recorder_reader_refuses_it(registered: None, tmp_path: Path) -> None:
-    from nbtoolkit.io.flight_recorder import read_dump
+    from nbtoolkit.cluster.flight_recorder import read_dump
 
     path = tmp_path / "fr_dump_0.pickle"
     path.write_bytes(_attack(CODES["EXT1"]))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import SnapshotError
+from nbtoolkit.core.errors import SnapshotError
 
 
 def _segment(blocks: list[dict[str, object]]) -> dict[str, object]:

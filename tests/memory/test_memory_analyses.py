@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.model.comparison import Comparison, Measurement
-from nbtoolkit.model.memory import MemoryTimeline, normalize_events
+from nbtoolkit.recompute.comparison import Comparison, Measurement
+from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
 
 from .test_snapshot import PICKLES, RECORDED
 
@@ -54,7 +54,7 @@ def test_peak_stack_of_a_hand_made_timeline() -> None:
 
 
 def test_icicle_nodes_sum_up_and_escape(real_data: Callable[[str], Path]) -> None:
-    from nbtoolkit.views.memory_reports import icicle_nodes
+    from nbtoolkit.memory.report_figures import icicle_nodes
 
     peak = _timeline(4000, extra_stack=True).peak_stack()
     nodes = icicle_nodes(peak.by_stack)
@@ -225,7 +225,7 @@ def test_imbalance_names_the_rank_the_category_and_the_stack() -> None:
     assert "### Memory imbalance across 3 ranks" in report.to_markdown()
     figure = report.figure()
     assert {trace.name for trace in figure.data} >= {"activation (differs most)", "parameter"}
-    from nbtoolkit.model.rank_memory import RankMemory
+    from nbtoolkit.memory.rank_memory import RankMemory
 
     assert RankMemory(timelines=ranks).imbalance_report().top_rank == 1
     even = nbt.memory_imbalance([_timeline(1000), _timeline(1000)])
@@ -235,7 +235,7 @@ def test_imbalance_names_the_rank_the_category_and_the_stack() -> None:
 
 
 def test_a_folder_of_per_rank_snapshots(real_data: Callable[[str], Path], tmp_path: Path) -> None:
-    from nbtoolkit.io.snapshot_ranks import rank_of
+    from nbtoolkit.memory.snapshot_ranks import rank_of
 
     assert [rank_of(n) for n in ("snapshot_rank3", "rank_12", "mem-r2", "step7_node1", "x")] == [
         3,
@@ -271,7 +271,7 @@ def _frames(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
 
 
 def test_mosaic_rules_in_their_published_order() -> None:
-    from nbtoolkit.model.snapshot_mosaic import mosaic_category
+    from nbtoolkit.memory.snapshot_mosaic import mosaic_category
 
     forward = ("forward", "/m/model.py")
     assert mosaic_category(_frames(forward, ("step", "/torch/optim/adamw.py"))) == "activation"  # rule order
@@ -291,8 +291,8 @@ def test_mosaic_rules_in_their_published_order() -> None:
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_mosaic_categories_of_real_snapshots(name: str, snapshot_file: Callable[[str], Path]) -> None:
     """Per stack as Mosaic classifies the raw frames, and Mosaic's peak (the trace from zero)."""
-    from nbtoolkit.io.snapshot import restricted_loads
-    from nbtoolkit.model.snapshot_mosaic import mosaic_category
+    from nbtoolkit.memory.snapshot_reader import restricted_loads
+    from nbtoolkit.memory.snapshot_mosaic import mosaic_category
 
     path = snapshot_file(name)
     raw = restricted_loads(path.read_bytes())
@@ -320,7 +320,7 @@ def test_peak_stack_views_show_the_python_frames_first() -> None:
     Python lines and count the native ones; .stack keeps everything; a native-only stack is kept."""
     import pandas as pd
 
-    from nbtoolkit.model.memory_reports import PeakStack
+    from nbtoolkit.memory.reports import PeakStack
 
     stack = "\n".join([
         "CUDACachingAllocator.cpp:0 in malloc",

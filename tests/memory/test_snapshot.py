@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.datasets import default_registry
-from nbtoolkit.errors import SnapshotError
-from nbtoolkit.io.snapshot import load_memory_snapshot, load_memory_timeline, restricted_loads
-from nbtoolkit.model.snapshot import MemorySnapshot
+from nbtoolkit.core.datasets import default_registry
+from nbtoolkit.core.errors import SnapshotError
+from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline, restricted_loads
+from nbtoolkit.memory.snapshot import MemorySnapshot
 
 # The snapshot tests/memory/conftest.py records in this session (beside the real ones).
 RECORDED = "recorded"

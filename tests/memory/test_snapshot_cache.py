@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-import nbtoolkit.io.snapshot as snapshot_io
-from nbtoolkit.io.snapshot import restricted_loads
-from nbtoolkit.io.snapshot_scale import write_scaled_snapshot
+import nbtoolkit.memory.snapshot_reader as snapshot_io
+from nbtoolkit.memory.snapshot_reader import restricted_loads
+from nbtoolkit.memory.snapshot_scale import write_scaled_snapshot
 
 from .conftest import RECORDED
 

@@ -17,8 +17,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, SnapshotError
-from nbtoolkit.io.snapshot_export import BLOCK_ROUNDING, allocator_snapshot
+from nbtoolkit.core.errors import NbtUsageError, SnapshotError
+from nbtoolkit.memory.snapshot_export import BLOCK_ROUNDING, allocator_snapshot
 
 
 def _rounded(size: int) -> int:
@@ -107,7 +107,7 @@ def test_device_index_and_bad_arguments(recorded_memory: Any, tmp_path: Any) -> 
 def test_figures_report_and_magic_on_the_recorded_snapshot(
     recorded_memory: Any, shell: InteractiveShell, tmp_path: Any
 ) -> None:
-    from nbtoolkit.views.memory import segment_figure
+    from nbtoolkit.memory.figures import segment_figure
 
     snapshot = nbt.load_memory_snapshot(recorded_memory.snapshot)
     segments = segment_figure(snapshot)

@@ -19,11 +19,11 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import SnapshotError
-from nbtoolkit.io.snapshot import restricted_loads
-from nbtoolkit.io.snapshot_scale import scaled_snapshot_dict, write_scaled_snapshot
-from nbtoolkit.io.snapshot_stream import stream_snapshot
-from nbtoolkit.model.snapshot_columns import SnapshotFilter
+from nbtoolkit.core.errors import SnapshotError
+from nbtoolkit.memory.snapshot_reader import restricted_loads
+from nbtoolkit.memory.snapshot_scale import scaled_snapshot_dict, write_scaled_snapshot
+from nbtoolkit.memory.snapshot_stream import stream_snapshot
+from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from tests._python import run_python
 
 from .test_snapshot import PICKLES, RECORDED

@@ -11,9 +11,9 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.analysis import memory as analysis
-from nbtoolkit.model.memory import MemoryTimeline, normalize_events
-from nbtoolkit.views.memory import (
+from nbtoolkit.memory import timeline_analysis as analysis
+from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
+from nbtoolkit.memory.figures import (
     alive_at_peak_html,
     comparison_figure,
     module_figure,
@@ -187,7 +187,7 @@ def test_report_embeds_memory_figures(tmp_path: Path, real_data: Callable[[str],
 
 
 def test_magic_errors_are_clear(shell: InteractiveShell, tmp_path: Path) -> None:
-    from nbtoolkit.errors import NbtUsageError, SnapshotError
+    from nbtoolkit.core.errors import NbtUsageError, SnapshotError
 
     with pytest.raises(NbtUsageError, match="no model named 'missing_model'"):
         shell.run_cell_magic("nbt", "memory --model missing_model", "1 + 1")

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nbtoolkit.analysis.device_peaks import (
+from nbtoolkit.metrics.device_peaks import (
     DEVICE_PEAKS,
     known_devices,
     lookup_device,

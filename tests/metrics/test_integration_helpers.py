@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.capture.step_metrics import (
+from nbtoolkit.metrics.measure import (
     add_step_metrics,
     step_metrics_from_times,
     step_metrics_note,
 )
-from nbtoolkit.capture.step_runner import run_steps
-from nbtoolkit.model.comparison import Comparison, Measurement
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.recompute.comparison import Comparison, Measurement
 
 
 def _idle_step() -> None:

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.model.comparison import Comparison, Measurement
-from nbtoolkit.model.metrics import (
+from nbtoolkit.recompute.comparison import Comparison, Measurement
+from nbtoolkit.metrics.step_metrics import (
     MODULE_COLUMNS,
     attach_step_metrics,
     measurement_extra,
     metrics_frame,
 )
-from nbtoolkit.views.metrics import mfu_chart
+from nbtoolkit.metrics.figures import mfu_chart
 
 
 def _metrics(**overrides: Any) -> nbt.StepMetrics:

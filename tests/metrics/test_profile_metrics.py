@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.model.metrics import StepMetrics
+from nbtoolkit.metrics.step_metrics import StepMetrics
 
 
 def test_profile_with_metrics_counts_the_step_flops() -> None:

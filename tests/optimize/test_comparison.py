@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.comparison import Comparison, Measurement
-from nbtoolkit.units import format_bytes, format_seconds
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.recompute.comparison import Comparison, Measurement
+from nbtoolkit.core.units import format_bytes, format_seconds
 
 
 def _m(label: str, t: float, peak: int, **kw: object) -> Measurement:

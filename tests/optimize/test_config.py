@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.optimizations.apply import config_from_arguments, optimize
-from nbtoolkit.optimizations.config import MeasureConfig, OptimizeConfig, RecomputeConfig
-from nbtoolkit.optimizations.recompute import plan_recompute
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.recompute.optimize import config_from_arguments, optimize
+from nbtoolkit.recompute.config import MeasureConfig, OptimizeConfig, RecomputeConfig
+from nbtoolkit.recompute.planner import plan_recompute
 from tests.optimize._models import make_gpt
 
 

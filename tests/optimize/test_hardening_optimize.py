@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.model.comparison import Comparison, Measurement
+from nbtoolkit.recompute.comparison import Comparison, Measurement
 from tests.optimize._models import make_gpt
 
 

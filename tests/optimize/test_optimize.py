@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, PlanError, StepError
-from nbtoolkit.optimizations.apply import optimize
+from nbtoolkit.core.errors import NbtUsageError, PlanError, StepError
+from nbtoolkit.recompute.optimize import optimize
 from tests.optimize._models import make_gpt
 
 HIDDEN = [64, 256, 128, 384]

@@ -10,8 +10,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.model.plan import RecomputePlan
-from nbtoolkit.views.optimize import OptimizePanel, plan_summary_html, tradeoff_figure
+from nbtoolkit.recompute.plan import RecomputePlan
+from nbtoolkit.recompute.panel import OptimizePanel, plan_summary_html, tradeoff_figure
 from tests.optimize._models import make_gpt
 
 HIDDEN = [64, 256, 128, 384]
@@ -116,8 +116,8 @@ def test_panel_and_run_read_the_budget_the_same_way(
     shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, text: str
 ) -> None:
     """``%nbt optimize --budget X`` (panel) and ``... --run`` accept the same text and refuse it alike."""
-    import nbtoolkit.optimizations.apply as apply
-    import nbtoolkit.optimizations.recompute as recompute
+    import nbtoolkit.recompute.optimize as apply
+    import nbtoolkit.recompute.planner as recompute
 
     def parsed(*args: Any, **kwargs: Any) -> Any:
         raise _Parsed

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from nbtoolkit.analysis.recompute import predict_peak, solve_plan
-from nbtoolkit.errors import NbtUsageError, PlanError, StepError
-from nbtoolkit.model.plan import RecomputePlan
-from nbtoolkit.optimizations.measure import profile_memory_series
-from nbtoolkit.optimizations.recompute import find_repeated_blocks, plan_recompute
-from nbtoolkit.units import parse_bytes
+from nbtoolkit.recompute.solver import predict_peak, solve_plan
+from nbtoolkit.core.errors import NbtUsageError, PlanError, StepError
+from nbtoolkit.recompute.plan import RecomputePlan
+from nbtoolkit.recompute.measure import profile_memory_series
+from nbtoolkit.recompute.planner import find_repeated_blocks, plan_recompute
+from nbtoolkit.core.units import parse_bytes
 from tests.optimize._models import NoRepeats, make_gpt
 
 HIDDEN = [64, 256, 128, 384]
@@ -82,7 +82,7 @@ def test_budget_sweep_measured_peak_under_budget(planned: Any) -> None:
 
 @pytest.mark.slow
 def test_loss_unchanged_with_plan_applied() -> None:
-    from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
+    from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 
     model, step = make_gpt(seed=3, hidden=HIDDEN, dropout=0.1)
     probe = plan_recompute(model, step, None, steps=1)
@@ -104,7 +104,7 @@ def test_undo_restores_the_model_exactly(planned: Any) -> None:
     names = list(plan.candidates["block"][:2])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     forwards = [m.forward for m in model.modules()]
-    from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
+    from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 
     handle = checkpoint_blocks(model, names)
     assert "forward" in model.get_submodule(names[0]).__dict__

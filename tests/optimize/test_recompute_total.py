@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, PlanError
-from nbtoolkit.optimizations.checkpoint import checkpoint_blocks
-from nbtoolkit.units import format_bytes
+from nbtoolkit.core.errors import NbtUsageError, PlanError
+from nbtoolkit.recompute.checkpoint import checkpoint_blocks
+from nbtoolkit.core.units import format_bytes
 from tests.optimize._models import TinyGPT
 
 HIDDEN = [64, 512, 128, 384]  # blocks of different widths: they save different amounts

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 
 
 def _write(tmp_path, events, name="rank0.json", **top):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtError, TraceError
+from nbtoolkit.core.errors import NbtError, TraceError
 
 
 def _event(**over):

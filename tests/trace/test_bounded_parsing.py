@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, TraceError
+from nbtoolkit.core.errors import NbtUsageError, TraceError
 from tests._python import read_bounded
 
 
@@ -98,7 +98,7 @@ def test_parsing_time_grows_linearly(tmp_path, monkeypatch, make, small):
     Small chunks make the reader look for an event boundary after every 64 KiB, as it does after
     every 4 MiB of a real file: a search that starts again from the right each time is quadratic.
     """
-    from nbtoolkit.io import _kineto_json
+    from nbtoolkit.trace import _kineto_json
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 64 << 10)
     one, four = make(tmp_path / "one.json", small), make(tmp_path / "four.json", 4 * small)
@@ -128,7 +128,7 @@ def test_a_name_of_braces_of_64_mib_is_read_within_the_memory_limit(tmp_path):
 
 def test_chunks_split_between_events_whatever_the_whitespace(tmp_path, monkeypatch):
     """Kineto writes ``},\\n  {``: the boundary is found across whitespace, and nothing is lost."""
-    from nbtoolkit.io import _kineto_json
+    from nbtoolkit.trace import _kineto_json
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
     events = [_event(ts=i, name=f"op{i}") for i in range(3000)]
@@ -139,7 +139,8 @@ def test_chunks_split_between_events_whatever_the_whitespace(tmp_path, monkeypat
 
 
 def test_a_top_level_list_is_streamed_like_the_whole_file_decode(tmp_path, monkeypatch):
-    from nbtoolkit.io import _kineto_json, kineto
+    from nbtoolkit.trace import _kineto_json
+    from nbtoolkit.trace import kineto
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
     path = tmp_path / "rank0.json"
@@ -156,7 +157,7 @@ def test_a_top_level_list_is_streamed_like_the_whole_file_decode(tmp_path, monke
 
 
 def test_a_value_of_the_wrong_type_names_the_event_in_the_file(tmp_path, monkeypatch):
-    from nbtoolkit.io import _kineto_json
+    from nbtoolkit.trace import _kineto_json
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
     events = [_event(ts=i) for i in range(2000)]
@@ -201,7 +202,7 @@ def test_a_document_the_stream_cannot_place_is_never_read_whole(tmp_path, head, 
 
 
 def test_a_gzip_cut_short_after_many_events_is_one_error_without_a_second_read(tmp_path, monkeypatch):
-    from nbtoolkit.io import _kineto_json
+    from nbtoolkit.trace import _kineto_json
 
     whole = gzip.compress(_doc([_event(ts=i) for i in range(20_000)]))
     path = tmp_path / "rank0.json.gz"
@@ -323,7 +324,8 @@ def _two_lists(first: int) -> bytes:
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_a_second_trace_events_key_is_refused(tmp_path, monkeypatch, streaming):
-    from nbtoolkit.io import _kineto_json, kineto
+    from nbtoolkit.trace import _kineto_json
+    from nbtoolkit.trace import kineto
 
     if not streaming:
 
@@ -338,7 +340,7 @@ def test_a_second_trace_events_key_is_refused(tmp_path, monkeypatch, streaming):
 
 
 def test_a_nested_trace_events_list_before_the_documents_is_passed_over(tmp_path, monkeypatch):
-    from nbtoolkit.io import _kineto_json
+    from nbtoolkit.trace import _kineto_json
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
     events = [_event(ts=i) for i in range(2000)]
@@ -356,7 +358,8 @@ def test_the_key_named_in_an_event_is_no_second_list(tmp_path):
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_unknown_phases_are_skipped_with_a_note_naming_them(tmp_path, monkeypatch, streaming):
-    from nbtoolkit.io import _kineto_json, kineto
+    from nbtoolkit.trace import _kineto_json
+    from nbtoolkit.trace import kineto
 
     if not streaming:
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.model.trace import RankInfo, Trace, empty_collectives
+from nbtoolkit.trace.trace import RankInfo, Trace, empty_collectives
 
 
 def _trace(rows: list[tuple[str, str, float, float, int, int]]) -> Trace:

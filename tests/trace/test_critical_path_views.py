@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.views.critical_path import lane_origin
+from nbtoolkit.trace.critical_path_figure import lane_origin
 
 
 def _lane_segments(fig, lane: int) -> list[tuple[float, float]]:

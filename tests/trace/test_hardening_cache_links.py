@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.io.cache_folder import read_cached_file, usable_cache_folder, write_cached_file
-from nbtoolkit.io.trace_cache import cache_key
+from nbtoolkit.core.cache_folder import read_cached_file, usable_cache_folder, write_cached_file
+from nbtoolkit.trace.trace_cache import cache_key
 from tests.conftest import folder_state
 
 

@@ -118,7 +118,8 @@ def test_html_escapes_trace_text(tmp_path):
     "folder", ["hta_nccl_parser_config", "param_dlrm_8rank", "hta_critical_path_alexnet"]
 )
 def test_chunked_streaming_equals_whole_document_decoding(real_data, monkeypatch, folder):
-    from nbtoolkit.io import _kineto_json, kineto
+    from nbtoolkit.trace import _kineto_json
+    from nbtoolkit.trace import kineto
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 64 * 1024)  # many chunks, splits inside every file
     streamed = nbt.load_trace(real_data(f"traces/{folder}"))
@@ -160,7 +161,7 @@ def test_unknown_event_phase_is_read_by_the_permissive_decoder(tmp_path):
 
 
 def test_real_traces_take_the_streaming_path(real_data, monkeypatch):
-    from nbtoolkit.io import kineto
+    from nbtoolkit.trace import kineto
 
     def must_not_fall_back(file):
         raise AssertionError(f"{file} fell back to whole-document decoding")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 
 
 def _train_step():

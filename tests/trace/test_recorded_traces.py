@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.analysis.overlap import COMM_PREFIXES
-from nbtoolkit.views.trace_views import OverlapReport, TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.overlap import COMM_PREFIXES
+from nbtoolkit.trace.views import OverlapReport, TraceReport, overlap_chart, timeline
 
 from .conftest import PROFILED_STEPS, STRAGGLER_RANK, STRAGGLER_SLEEP_S
 
@@ -198,7 +198,8 @@ def test_chunked_streaming_equals_whole_document_decoding(
     compressed: bool,
 ) -> None:
     """Decoding in many small chunks (plain or gzip-inflated) gives what whole-document decoding gives."""
-    from nbtoolkit.io import _kineto_json, kineto
+    from nbtoolkit.trace import _kineto_json
+    from nbtoolkit.trace import kineto
 
     chunk_bytes = 8 * 1024
     folder = tmp_path / "traces"
@@ -419,7 +420,7 @@ def test_compare_a_trace_with_itself_changes_nothing(gloo_trace: nbt.Trace, cpu_
 def test_compare_flags_a_step_time_change_inside_the_noise() -> None:
     """The quartile rule of Comparison: overlapping middle halves are noise, separate ones are not."""
 
-    from nbtoolkit.analysis.diff import _within_noise
+    from nbtoolkit.trace.diff import _within_noise
 
     def steps(*durations: float) -> SimpleNamespace:
         return SimpleNamespace(steps=pd.DataFrame({"dur": list(durations)}))

@@ -15,10 +15,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import nbtoolkit as nbt
-from nbtoolkit.analysis.collective_bandwidth import bus_factor, normalize_collective
-from nbtoolkit.analysis.device_bandwidth import lookup_bandwidth
-from nbtoolkit.analysis.device_peaks import lookup_peak
-from nbtoolkit.analysis.op_costs import op_class, op_cost
+from nbtoolkit.trace.collective_bandwidth import bus_factor, normalize_collective
+from nbtoolkit.metrics.device_bandwidth import lookup_bandwidth
+from nbtoolkit.metrics.device_peaks import lookup_peak
+from nbtoolkit.trace.op_costs import op_class, op_cost
 from tests._python import run_python
 from tests.trace.conftest import CPU_STEP_SCRIPT
 

@@ -1,6 +1,6 @@
 """Issue 19, the local path: many rank traces summarized in parallel, equal to the full load and to HTA.
 
-The rank sets are the project's own scale sets (``nbtoolkit.io.scale_set``) built from the 8
+The rank sets are the project's own scale sets (``nbtoolkit.trace.scale_set``) built from the 8
 real DLRM ranks (``param_dlrm_8rank``) and, where that artifact is missing, from the 2-rank
 gloo job this session records (``gloo_trace_folder``), so the path is always exercised.
 """
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import TraceError
-from nbtoolkit.io.scale_set import ScaleSet, write_scale_set
+from nbtoolkit.core.errors import TraceError
+from nbtoolkit.trace.scale_set import ScaleSet, write_scale_set
 
 RANKS = 12
 
@@ -85,7 +85,7 @@ def test_the_scale_set_is_deterministic(dlrm_set: ScaleSet, tmp_path: Path, real
 def test_a_second_summary_reads_the_cache_not_the_traces(
     dlrm_set: ScaleSet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nbtoolkit.io.kineto as kineto
+    import nbtoolkit.trace.kineto as kineto
 
     first = nbt.summarize_traces(dlrm_set.path, cache_dir=tmp_path / "cache", workers=1)
 

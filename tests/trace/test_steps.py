@@ -1,4 +1,4 @@
-"""The one ProfilerStep label parser (nbtoolkit.model.steps) and the places that use it."""
+"""The one ProfilerStep label parser (nbtoolkit.core.profiler_steps) and the places that use it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError, TraceError
-from nbtoolkit.model.steps import (
+from nbtoolkit.core.errors import NbtUsageError, TraceError
+from nbtoolkit.core.profiler_steps import (
     is_profiler_step_label,
     parse_profiler_step,
     profiler_step_label,
@@ -126,7 +126,7 @@ def test_host_steps_read_plain_and_categorical_names_alike():
     """A frame built by hand has plain string names; the loader's are categorical: same steps."""
     import pandas as pd
 
-    from nbtoolkit.model.steps import host_steps
+    from nbtoolkit.core.profiler_steps import host_steps
 
     frame = pd.DataFrame(
         {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 
 
 @pytest.fixture(scope="module")

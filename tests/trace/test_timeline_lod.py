@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from nbtoolkit.analysis.timeline_lod import build_lane
-from nbtoolkit.analysis.timeline_lod_memory import memory_index
-from nbtoolkit.errors import NbtUsageError
-from nbtoolkit.model.memory import MemoryTimeline
+from nbtoolkit.timeline.lod import build_lane
+from nbtoolkit.memory.timeline_index import memory_index
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.memory.timeline import MemoryTimeline
 
 from .timeline_data import synthetic_memory_events
 
@@ -142,7 +142,7 @@ def test_zoom_round_trip_on_ten_million_events_is_fast() -> None:
 
 
 def test_windows_narrower_than_a_nanosecond_widen_about_their_centre() -> None:
-    from nbtoolkit.analysis.timeline_lod import MIN_WINDOW_US, check_window, widen_window
+    from nbtoolkit.timeline.lod import MIN_WINDOW_US, check_window, widen_window
 
     assert widen_window(10.0, 10.0) == pytest.approx((10.0 - 5e-4, 10.0 + 5e-4))
     assert widen_window(10.0, 10.0002) == pytest.approx((10.0001 - 5e-4, 10.0001 + 5e-4))

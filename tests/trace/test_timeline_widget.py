@@ -15,12 +15,12 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.errors import NbtError, NbtUsageError
-from nbtoolkit.model.memory import CATEGORIES
-from nbtoolkit.views.timeline_widget import MemoryTimelineWidget, TraceTimelineWidget
-from nbtoolkit.views.timeline_widget_assets import widget_asset, widget_dirs
-from nbtoolkit.views.timeline_widget_static import TraceReportWithWidget, widgets_enabled
-from nbtoolkit.views.trace_views import TraceReport
+from nbtoolkit.core.errors import NbtError, NbtUsageError
+from nbtoolkit.memory.timeline import CATEGORIES
+from nbtoolkit.timeline.widget import MemoryTimelineWidget, TraceTimelineWidget
+from nbtoolkit.timeline.assets import widget_asset, widget_dirs
+from nbtoolkit.timeline.static import TraceReportWithWidget, widgets_enabled
+from nbtoolkit.trace.views import TraceReport
 from tests._python import run_python
 
 from .timeline_data import synthetic_memory_events, synthetic_trace
@@ -379,7 +379,7 @@ def test_memory_widget_on_epoch_times_zooms_to_a_nanosecond() -> None:
 def test_cells_of_this_kernel_are_named_like_tracebacks() -> None:
     from ipykernel.compiler import XCachingCompiler
 
-    from nbtoolkit.capture.cell_names import name_cells
+    from nbtoolkit.core.cell_names import name_cells
 
     compiler = XCachingCompiler()
     name = compiler.cache("import torch\nx = torch.ones(3)\n", 7)  # ipykernel's temp file of cell 7

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.views.trace_views import OverlapReport, TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.views import OverlapReport, TraceReport, overlap_chart, timeline
 
 
 @pytest.fixture(scope="module")

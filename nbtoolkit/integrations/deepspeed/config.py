@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 
 __all__ = ["KNOBS", "default_settings", "grid_settings", "label", "short_count", "zero_config"]
 

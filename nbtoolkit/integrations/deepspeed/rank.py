@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbtoolkit.capture.memory_profile import live_tensor_bytes
-from nbtoolkit.capture.step_runner import run_steps
-from nbtoolkit.model.measure_config import MeasureConfig
+from nbtoolkit.memory.profile import live_tensor_bytes
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.core.measure_config import MeasureConfig
 
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 
@@ -137,7 +137,7 @@ def graph_breaks_one_on_rank(
     import torch
     import torch.distributed as dist
 
-    from nbtoolkit.capture.graphs import capture_graphs
+    from nbtoolkit.compile.capture import capture_graphs
 
     torch._dynamo.reset()  # every stage compiles from scratch
     engine, step = _engine_and_step(model_fn, batch_fn, config, rank=dist.get_rank(), lr=lr, loss_fn=loss_fn)

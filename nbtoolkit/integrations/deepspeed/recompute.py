@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
-from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.measure_config import MeasureConfig, measure_config
-from nbtoolkit.units import format_bytes, format_seconds, parse_bytes
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.units import format_bytes, format_seconds, parse_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +77,7 @@ class ZeroRecompute(Result):
 
     def figure(self) -> Any:
         """Blocks chosen against the budget, one line per stage; measured peaks against the budget."""
-        from nbtoolkit.views.optimize import zero_recompute_figure
+        from nbtoolkit.recompute.panel import zero_recompute_figure
 
         return zero_recompute_figure(self.table)
 

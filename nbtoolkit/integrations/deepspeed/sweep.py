@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.errors import NbtUsageError
+from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.integrations.deepspeed.config import (
     KNOBS,
     default_settings,
@@ -38,14 +38,14 @@ from nbtoolkit.integrations.deepspeed.config import (
     zero_config,
 )
 from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
-from nbtoolkit.model._result import Result, escape, html_table
-from nbtoolkit.model.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.model.trace import Trace
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["ZeroSweep", "read_sweep", "zero_sweep"]
 
@@ -62,7 +62,7 @@ class ZeroSweep(Result):
 
     def figure(self) -> Any:
         """Bars per configuration: step time and exposed communication (ms), peak memory (MB)."""
-        from nbtoolkit.views.cluster import sweep_figure
+        from nbtoolkit.cluster.figures import sweep_figure
 
         return sweep_figure(self.table)
 
@@ -124,7 +124,7 @@ def zero_sweep(
     """
     import pandas as pd
 
-    from nbtoolkit.analysis.overlap import comm_comp_overlap
+    from nbtoolkit.trace.overlap import comm_comp_overlap
 
     if settings is not None and grid is not None:
         raise NbtUsageError("give settings or grid, not both")
@@ -187,7 +187,7 @@ def _load_traces(blobs: list[bytes]) -> Trace:
     import tempfile
     from pathlib import Path
 
-    from nbtoolkit.io.kineto import load_trace
+    from nbtoolkit.trace.kineto import load_trace
 
     folder = Path(tempfile.mkdtemp(prefix="nbt-zero-"))
     try:

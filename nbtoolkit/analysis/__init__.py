@@ -1,1 +1,0 @@
-"""Analysis: pure functions, model objects or frames in, frames or model objects out. No I/O, no printing."""

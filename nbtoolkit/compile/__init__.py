@@ -1,0 +1,1 @@
+"""torch.compile: capture graphs, read TORCH_TRACE logs, graph breaks, recompiles, figures."""

@@ -1,0 +1,120 @@
+"""The ``%nbt`` / ``%%nbt`` dispatcher: split the line, find the subcommand, parse, call, store.
+
+It holds no feature logic. Subcommands live in the other modules of this package and
+register themselves (see ``_registry``); this module discovers them by listing the
+package, so a new subcommand is a new module and nothing here changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import shlex
+from typing import Any
+
+from nbtoolkit.core.magic_registry import MagicCall, Subcommand, all_subcommands, get_subcommand
+
+__all__ = ["dispatch", "help_text", "load_subcommands", "register_magics", "unregister_magics"]
+
+_loaded = False
+
+
+def load_subcommands() -> None:
+    """Import every public module of ``nbtoolkit.magics`` once, which registers its subcommands."""
+    global _loaded
+    if _loaded:
+        return
+    import nbtoolkit.magics as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"nbtoolkit.magics.{info.name}")
+    _loaded = True
+
+
+def help_text(name: str | None = None) -> str:
+    """``%nbt help``: every subcommand with its one-line summary; ``%nbt help SUB``: its usage."""
+    load_subcommands()
+    if name:
+        sub = get_subcommand(name)
+        if sub is None:
+            raise _usage_error(f"unknown subcommand {name!r}")
+        return sub.build_parser().format_help().rstrip()
+    rows = [("help [SUB]", "%nbt", "list subcommands, or show one subcommand's usage")]
+    rows += [(s.name, s.prefix, s.summary) for s in all_subcommands()]
+    width = max(len(r[0]) for r in rows)
+    pwidth = max(len(r[1]) for r in rows)
+    lines = ["nbtoolkit magics (%nbt for a line, %%nbt for a cell):", ""]
+    lines += [f"  {p:<{pwidth}}  {n:<{width}}  {s}" for n, p, s in rows]
+    lines += ["", "`%nbt help SUB` shows the arguments of one subcommand."]
+    return "\n".join(lines)
+
+
+class _HelpText(str):
+    """Help shown as plain text (a str subclass whose repr is itself, not quoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _usage_error(message: str) -> Exception:
+    from IPython.core.error import UsageError
+
+    return UsageError(f"{message}\nusage: %nbt SUBCOMMAND [ARGS]   (see `%nbt help`)")
+
+
+def dispatch(shell: Any, line: str, cell: str | None = None) -> Any:
+    """Run one ``%nbt`` line (``cell`` is None) or ``%%nbt`` cell."""
+    load_subcommands()
+    try:
+        words = shlex.split(line, posix=True)
+    except ValueError as exc:  # an unclosed quote
+        raise _usage_error(f"cannot split the line: {exc}") from None
+    if not words or words[0] in {"help", "-h", "--help"}:
+        if cell is not None and cell.strip():
+            raise _usage_error("`%%nbt help` takes no cell body")
+        return _HelpText(help_text(words[1] if len(words) > 1 else None))
+    sub = get_subcommand(words[0])
+    if sub is None:
+        raise _usage_error(f"unknown subcommand {words[0]!r}")
+    _check_mode(sub, cell)
+    args = sub.build_parser().parse_args(words[1:])
+    result = sub.handler(args, MagicCall(shell=shell, line=line, cell=cell))
+    if result is not None and sub.store_result:
+        shell.user_ns[args.name] = result
+    return result
+
+
+def _check_mode(sub: Subcommand, cell: str | None) -> None:
+    if sub.mode == "line" and cell is not None:
+        raise _usage_error(
+            f"`{sub.name}` is a line magic: use `%nbt {sub.name} ...`, not `%%nbt`\n{sub.usage()}"
+        )
+    if sub.mode == "cell" and cell is None:
+        raise _usage_error(
+            f"`{sub.name}` runs a cell: use `%%nbt {sub.name}` at the top of the cell\n{sub.usage()}"
+        )
+
+
+def _make_magics_class() -> type:
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+    @magics_class
+    class NbtMagics(Magics):
+        """The ``%nbt`` / ``%%nbt`` magic; run ``%nbt help``."""
+
+        @line_cell_magic
+        def nbt(self, line: str, cell: str | None = None) -> Any:
+            return dispatch(self.shell, line, cell)
+
+    return NbtMagics
+
+
+def register_magics(ipython: Any) -> None:
+    ipython.register_magics(_make_magics_class())
+
+
+def unregister_magics(ipython: Any) -> None:
+    manager = ipython.magics_manager
+    for kind in ("line", "cell"):
+        manager.magics[kind].pop("nbt", None)

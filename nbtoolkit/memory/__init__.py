@@ -1,0 +1,1 @@
+"""Memory: timelines by category, allocator snapshots, peaks, diffs, figures."""

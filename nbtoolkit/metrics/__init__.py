@@ -1,0 +1,1 @@
+"""Step metrics: model FLOPs, device peaks, MFU/HFU of a measured step."""

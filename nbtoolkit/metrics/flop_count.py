@@ -1,0 +1,197 @@
+"""FLOPs of one training step by phase, module and op, counted by torch's ``FlopCounterMode``.
+
+Step 2 of :func:`nbtoolkit.metrics.measure.step_metrics`: one call of the step under
+torch's ``FlopCounterMode`` (a ``TorchDispatchMode`` that sees every aten op and applies
+torch's FLOP formulas to matrix products, convolutions and attention). Each counted op is
+put in one phase:
+
+- *forward*: the op ran outside the autograd engine (``torch._C._current_graph_task_id()``
+  is -1);
+- *backward*: it ran inside the engine with grad mode off, which is how the engine runs
+  gradient formulas (``backward(create_graph=False)``);
+- *recompute*: it ran inside the engine with grad mode ON. Only a forward re-run inside
+  backward does that: ``torch.utils.checkpoint`` (reentrant and non-reentrant) re-runs the
+  forward under ``torch.enable_grad()`` to rebuild the graph it frees.
+
+``model_flops = forward + backward``; ``hardware_flops = forward + backward + recompute``.
+The same split is kept per module (torch's ``ModuleTracker`` names) and per aten op.
+Limitation: a step that calls ``backward(create_graph=True)`` (double backward, gradient
+penalties) runs gradient formulas with grad mode on; they are counted as recomputation.
+
+CPU attention: torch's counter has no formula for the CPU flash-attention kernels
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), so
+``F.scaled_dot_product_attention`` on CPU would count 0. We register torch's own SDPA
+formulas (``sdpa_flop_count`` / ``sdpa_backward_flop_count``, the ones it applies to the CUDA
+kernels) for them, so CPU and GPU runs of one model count the same FLOPs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.step_runner import call_step
+from nbtoolkit.core.errors import MetricsError
+from nbtoolkit.metrics.step_metrics import MODULE_COLUMNS, OP_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PHASES", "FlopCounts", "count_step_flops"]
+
+PHASES = ("forward", "backward", "recompute")
+
+
+@dataclass
+class FlopCounts:
+    """FLOPs of one counted step, split by phase, module and op, and by (device, dtype)."""
+
+    # phase -> module name -> op name -> FLOPs; "Global" is the whole step.
+    by_phase: dict[str, dict[str, dict[str, int]]] = field(
+        default_factory=lambda: {p: defaultdict(lambda: defaultdict(int)) for p in PHASES}
+    )
+    # (device string, dtype name) -> FLOPs
+    by_device_dtype: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def total(self, phase: str) -> int:
+        return int(sum(self.by_phase[phase].get("Global", {}).values()))
+
+    @property
+    def model_flops(self) -> int:
+        return self.total("forward") + self.total("backward")
+
+    @property
+    def hardware_flops(self) -> int:
+        return self.model_flops + self.total("recompute")
+
+    def dominant(self) -> tuple[str, str] | None:
+        """The (device, dtype) that carried the most FLOPs, or None when nothing was counted."""
+        if not self.by_device_dtype:
+            return None
+        return max(self.by_device_dtype.items(), key=lambda kv: kv[1])[0]
+
+    def _frame(self, keys: list[str], key_name: str, select: Callable[[dict[str, dict[str, int]], str], int],
+               columns: list[str]) -> pd.DataFrame:
+        import pandas as pd
+
+        records = []
+        for key in keys:
+            flops = {p: int(select(self.by_phase[p], key)) for p in PHASES}
+            record: dict[str, Any] = {key_name: key}
+            if "depth" in columns:
+                record["depth"] = key.count(".")
+            record.update({
+                "forward_flops": flops["forward"],
+                "backward_flops": flops["backward"],
+                "recompute_flops": flops["recompute"],
+                "model_flops": flops["forward"] + flops["backward"],
+                "hardware_flops": flops["forward"] + flops["backward"] + flops["recompute"],
+            })
+            records.append(record)
+        return pd.DataFrame.from_records(records, columns=columns)
+
+    def module_frame(self) -> pd.DataFrame:
+        names = sorted({m for p in PHASES for m in self.by_phase[p] if m != "Global"})
+        return self._frame(names, "module", lambda counts, m: sum(counts.get(m, {}).values()), MODULE_COLUMNS)
+
+    def op_frame(self) -> pd.DataFrame:
+        ops = sorted({op for p in PHASES for op in self.by_phase[p].get("Global", {})})
+        frame = self._frame(ops, "op", lambda counts, op: counts.get("Global", {}).get(op, 0), OP_COLUMNS)
+        return frame.sort_values(["hardware_flops", "op"], ascending=[False, True]).reset_index(drop=True)
+
+
+def _cpu_attention_formulas() -> dict[Any, Any]:
+    """torch's SDPA FLOP formulas applied to the CPU flash-attention kernels it has no entry for."""
+    import torch
+    from torch.utils import flop_counter
+
+    def forward_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                      **kwargs: Any) -> int:
+        return int(flop_counter.sdpa_flop_count(query, key, value))
+
+    def backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                       **kwargs: Any) -> int:
+        return int(flop_counter.sdpa_backward_flop_count(grad_out, query, key, value))
+
+    formulas: dict[Any, Any] = {}
+    for name, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", forward_flops),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", backward_flops),
+    ):
+        try:
+            packet = getattr(torch.ops.aten, name)
+        except (AttributeError, RuntimeError):  # an older/newer torch without this kernel
+            continue
+        if packet not in flop_counter.flop_registry:  # torch's own formula wins once it has one
+            formulas[packet] = formula
+    return formulas
+
+
+def _first_tensor(args: Any) -> Any:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for leaf in tree_flatten(args)[0]:
+        if isinstance(leaf, torch.Tensor):
+            return leaf
+    return None
+
+
+def _make_counter() -> Any:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not hasattr(FlopCounterMode, "_count_flops"):
+        raise MetricsError(
+            f"torch {torch.__version__}'s FlopCounterMode has no _count_flops hook, which nbtoolkit uses to "
+            "split FLOPs by phase: use torch 2.4 or newer"
+        )
+
+    class PhaseFlopCounter(FlopCounterMode):
+        """FlopCounterMode that also files each op's FLOPs under forward/backward/recompute."""
+
+        def __init__(self) -> None:
+            super().__init__(display=False, custom_mapping=_cpu_attention_formulas())
+            self.counts = FlopCounts()
+
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            if func_packet in self.flop_registry:
+                flops = int(self.flop_registry[func_packet](*args, **kwargs, out_val=out))
+                if torch._C._current_graph_task_id() == -1:
+                    phase = "forward"
+                elif torch.is_grad_enabled():
+                    phase = "recompute"
+                else:
+                    phase = "backward"
+                op = str(func_packet)
+                by_module = self.counts.by_phase[phase]
+                for parent in set(self.mod_tracker.parents):
+                    by_module[parent][op] += flops
+                tensor = _first_tensor(args)
+                if tensor is not None:
+                    key = (str(tensor.device), str(tensor.dtype).removeprefix("torch."))
+                    self.counts.by_device_dtype[key] += flops
+            return out
+
+    return PhaseFlopCounter()
+
+
+def count_step_flops(step: Callable[[], Any]) -> FlopCounts:
+    """Run ``step`` once under torch's FlopCounterMode and return its FLOPs by phase, module and op.
+
+    The counter and its module hooks are removed when the step returns or raises.
+    """
+    counter = _make_counter()
+    with warnings.catch_warnings():
+        # The counter's module tracker installs global module hooks; torch.compile warns that they
+        # fire once more for the OptimizedModule wrapper. Ours, harmless for counting: not the user's.
+        warnings.filterwarnings(
+            "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
+        )
+        with counter:
+            call_step(step, "FLOP counting")
+    counts: FlopCounts = counter.counts
+    return counts

@@ -1,0 +1,54 @@
+"""``%nbt metrics STEP``: model FLOPs, step time, MFU and HFU of a training-step function."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
+
+
+def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.metrics.measure import step_metrics
+
+    step = call.lookup(args.step, "step function")
+    return step_metrics(
+        step,
+        model=call.lookup(args.model, "model"),
+        steps=args.steps,
+        warmup=args.warmup,
+        tokens_per_step=args.tokens,
+        samples_per_step=args.samples,
+        dtype=args.dtype,
+        peak_flops=args.peak_flops,
+    )
+
+
+def _default(parameter: str) -> APIDefault:
+    # step_metrics takes None for "MeasureConfig's default": show that default
+    return APIDefault("nbtoolkit.core.measure_config", "MeasureConfig", parameter)
+
+
+register(Subcommand(
+    name="metrics",
+    summary="model/hardware FLOPs, step time, achieved FLOP/s, MFU and HFU of a step function",
+    description=(
+        "Run STEP (a variable holding a zero-argument training-step function) under torch's FLOP "
+        "counter once, then time it; show model FLOPs, hardware FLOPs (with recomputation), "
+        "FLOP/s, MFU and HFU against the device's peak (datasheet table, or measured on CPU)."
+    ),
+    mode="line",
+    arguments=(
+        Argument("step", help="variable holding a zero-argument callable that runs one training step"),
+        Argument("--tokens", type=int, default=None, help="tokens one step processes (for tokens/s)"),
+        Argument("--samples", type=int, default=None, help="samples one step processes (for samples/s)"),
+        Argument("--steps", type=int, default=_default("steps"), help="timed steps (default %(default)s)"),
+        Argument("--warmup", type=int, default=_default("warmup"),
+                 help="untimed steps first (default %(default)s)"),
+        Argument("--model", default=None, help="variable holding the model (for its parameter count)"),
+        Argument("--dtype", default=None, help="dtype whose peak applies, e.g. bfloat16 (default: detected)"),
+        Argument("--peak-flops", type=float, default=None, dest="peak_flops",
+                 help="the device's peak FLOP/s, overriding the table and the measurement"),
+    ),
+    handler=_metrics,
+))

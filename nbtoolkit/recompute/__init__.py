@@ -1,0 +1,1 @@
+"""Optimizations and their measurement: compile, AMP, activation recomputation under a budget."""

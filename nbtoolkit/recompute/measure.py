@@ -1,0 +1,225 @@
+"""Measure one training step: time (median of several after warm-up), peak memory, graphs.
+
+What is measured, and how:
+
+* **Step time**: ``warmup`` steps are run first (compilation happens there), then
+  ``steps`` steps are timed one by one by :func:`nbtoolkit.core.step_runner.run_steps`; the
+  median is ``step_time_s`` and the interquartile range (p75 - p25) is ``step_time_spread_s``.
+  The clock is read after a device synchronisation. ``step_cpu_time_s`` is the
+  median processor time of the same steps (``time.process_time``): on a machine shared with
+  other jobs, wall time includes waiting for a CPU and CPU time does not.
+* **Peak memory**: one more step runs under ``torch.profiler.profile(profile_memory=True)``
+  (run and read by ``nbtoolkit.memory.profile``, shared with ``nbt.memory_timeline``).
+  Summing the allocator's event sizes per pointer gives the bytes this step allocated and
+  still holds after every event, and ``peak_bytes`` is the largest such total: the step's
+  peak working memory above what was live when it started (frees of blocks from before the
+  step, such as last step's gradients, are not credited because torch reports them without
+  a size). It is exact on the CPU, where torch keeps no allocator statistics of its own; on
+  a GPU it matches ``torch.cuda.max_memory_allocated() - memory_allocated()`` taken before
+  the step, up to those uncredited frees.
+* **Device total**: ``total_peak_bytes`` is the device's whole peak in the same profiled
+  step, what a memory budget is compared with: ``torch.cuda.max_memory_allocated`` on a GPU,
+  and on the CPU the total torch's memory profiler classifies at its peak (everything alive,
+  parameters and optimizer state included; it agrees with torch's MemTracker).
+* **Peak by category**: the same profiled step also records shapes and stacks, so
+  torch's own memory profiler (the one behind ``export_memory_timeline``) classifies every
+  tensor as PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT or
+  AUTOGRAD_DETAIL; ``peak_by_category`` is the bytes of each category alive at the moment
+  the classified total is largest (tensors that existed before the step included).
+* **Compile time and graph breaks**: torch._dynamo's counters (``unique_graphs`` and
+  ``graph_break``) are read before and after, the difference is what this measurement
+  compiled; ``compile_time_s`` is the time the warm-up steps took beyond ``warmup`` times the
+  median step.
+
+Running a step trains the model for real (the optimizer updates the weights), as
+it would in your training loop.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from nbtoolkit.memory import profile as memory_profile
+from nbtoolkit.memory.profile import MARK_PREFIX, MemorySeries, mark
+from nbtoolkit.core.step_runner import call_step, run_steps, step_name
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.recompute.comparison import Measurement
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+
+__all__ = [
+    "MARK_PREFIX",
+    "MemorySeries",
+    "check_step",
+    "mark",
+    "measure_step",
+    "profile_memory_series",
+    "run_step",
+]
+
+Progress = Callable[[int, int, str], None]
+
+
+def check_step(step: Any) -> Callable[[], Any]:
+    """The step, if it is a zero-argument callable; a usage error naming what it got otherwise."""
+    if not callable(step):
+        raise NbtUsageError(
+            f"step must be a zero-argument callable that runs one training step, got {type(step).__name__}: "
+            "wrap your loop body in `def step(): ...; return loss`"
+        )
+    return step
+
+
+def run_step(step: Callable[[], Any], what: str = "profiled step") -> Any:
+    """Call the step once, outside a timing loop (under the memory profiler); an exception from
+    the user's code becomes the runner's StepError, as in the timed steps."""
+    return call_step(step, what)
+
+
+def loss_value(value: Any) -> float | None:
+    """A step's return value as a float (a 0-d tensor or a number), or None."""
+    if value is None:
+        return None
+    try:
+        item = value.detach().float().item() if hasattr(value, "detach") else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return float(item)
+
+
+def profile_memory_series(
+    step: Callable[[], Any], *, categories: bool = False, total: bool = False, device: Any = None
+) -> tuple[MemorySeries, dict[str, int], int]:
+    """One step under the memory profiler (``nbtoolkit.memory.profile.profile_memory_series``).
+
+    Returns (the allocator series with markers and the step's value, bytes per torch
+    category at the classified peak or ``{}``, bytes that existed before the step or 0);
+    ``total=True`` also measures the device's whole peak (``series.total_peak_bytes``);
+    ``device`` limits the series to that device's allocations.
+    An exception from the step becomes one StepError (:func:`run_step`).
+    """
+    return memory_profile.profile_memory_series(
+        lambda: run_step(step), categories=categories, total=total, device=device
+    )
+
+
+def _gpu_in_use() -> Any:
+    """The current GPU when CUDA is in use (its total peak is then the allocator's), else None."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def _dynamo_counts() -> tuple[int, dict[str, int]]:
+    from torch._dynamo.utils import counters
+
+    graphs = int(counters["stats"].get("unique_graphs", 0))
+    breaks = {str(reason): int(n) for reason, n in counters["graph_break"].items()}
+    return graphs, breaks
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _keeping_values(step: Callable[[], Any], values: list[Any]) -> Callable[[], Any]:
+    """The step, also keeping what each call returned (warm-up ones included) in ``values``;
+    they become floats after the loop, since ``.item()`` would wait for the device mid-step."""
+
+    def call() -> Any:
+        value = step()
+        values.append(value)
+        return value
+
+    return call
+
+
+def measure_step(
+    step: Callable[[], Any],
+    *,
+    label: str = "step",
+    steps: int | None = None,
+    warmup: int | None = None,
+    compiled: bool = False,
+    applied: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    config: MeasureConfig | None = None,
+) -> Measurement:
+    """Measure a step as the module docstring describes; returns a :class:`Measurement`.
+
+    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
+    step under torch's FLOP counter when ``flops`` is true (model/hardware FLOPs, MFU, HFU
+    and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
+    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) says how: steps, warm-up, ``memory``,
+    ``categories``, ``metrics`` (the FLOP-counted step) and ``tokens_per_step``; ``steps=`` and
+    ``warmup=`` override its fields.
+    ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
+    ``applied`` is what was applied, recorded in ``measurement.config``.
+    ``progress(done, total, what)`` is called after every step.
+    """
+    check_step(step)
+    settings = measure_config(config, steps=steps, warmup=warmup)
+    total = settings.warmup + settings.steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, f"{label}: {what}")
+
+    graphs_before, breaks_before = _dynamo_counts() if compiled else (0, {})
+    values: list[Any] = []
+    run = run_steps(_keeping_values(step, values), settings, name=step_name(step), on_step=tick)
+    warm_times, times, cpu_times = run.warmup_times_s, run.times_s, run.cpu_times_s
+    losses = [loss_value(value) for value in values]
+    values.clear()
+    median = statistics.median(times)
+    spread = _quantile(times, 0.75) - _quantile(times, 0.25)
+    measurement = Measurement(
+        label=label,
+        step_time_s=median,
+        step_time_spread_s=spread,
+        step_times_s=times,
+        step_cpu_time_s=statistics.median(cpu_times),
+        losses=losses,
+        config=dict(applied or {}),
+    )
+    if compiled:
+        graphs_after, breaks_after = _dynamo_counts()
+        measurement.graph_count = graphs_after - graphs_before
+        reasons = {
+            reason.strip().splitlines()[0] if reason.strip() else reason: n - breaks_before.get(reason, 0)
+            for reason, n in breaks_after.items()
+            if n - breaks_before.get(reason, 0) > 0
+        }
+        measurement.break_reasons = reasons
+        measurement.graph_breaks = sum(reasons.values())
+        measurement.compile_time_s = max(0.0, sum(warm_times) - median * len(warm_times))
+    if settings.metrics:
+        from nbtoolkit.metrics.measure import add_step_metrics
+
+        add_step_metrics(measurement, step, tokens_per_step=settings.tokens_per_step)  # a row, never an error
+        tick("FLOP-counted step")
+    if settings.memory:
+        series, by_category, resident = profile_memory_series(
+            step, categories=settings.categories, total=True, device=_gpu_in_use()
+        )
+        measurement.peak_bytes = series.peak_bytes
+        measurement.total_peak_bytes = series.total_peak_bytes
+        measurement.resident_bytes = resident
+        measurement.peak_by_category = by_category
+        measurement.losses.append(loss_value(series.value))
+        tick("memory step")
+    return measurement
+

@@ -1,0 +1,270 @@
+"""``nbt.optimize``: measure a step, apply compile / recomputation / AMP, measure again, compare.
+
+Order of application (and the reverse order of undo): checkpoint wrappers on the chosen
+blocks, then autocast around the model's forward, then torch.compile of that forward, so
+that the compiled graph contains the autocast region and the checkpointed blocks.
+
+**The model is restored afterwards by default** (``undo=True``): the comparison is a
+measurement, not a change you did not ask to keep. With ``undo=False`` the changes stay
+applied and ``comparison.applied`` is the handle whose ``undo()`` removes them later.
+Either way the steps ran for real, so the weights have trained for those steps.
+
+Settings: the keyword arguments, or one ``config=OptimizeConfig(...)``
+(``nbtoolkit.recompute.config``). Without ``config``, ``OptimizeConfig.from_env`` fills
+what the arguments leave unset from the environment: ``NBTOOLKIT_RECOMPUTE=auto`` turns
+``recompute`` to ``"auto"``, ``NBTOOLKIT_MEMORY_BUDGET`` supplies ``budget_bytes`` (bytes, or
+text like ``1.5GB`` / ``1400MiB``), ``NBTOOLKIT_MEASURE_STEPS``/``NBTOOLKIT_MEASURE_WARMUP``
+the step counts. Arguments given in code win over the environment; a ``config`` is taken
+as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.recompute.comparison import Comparison
+from nbtoolkit.core.measure_config import measure_config
+from nbtoolkit.recompute.handle import Applied
+from nbtoolkit.recompute.amp import autocast_model
+from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
+from nbtoolkit.recompute.apply_compile import compile_model
+from nbtoolkit.recompute.config import MeasureConfig, OptimizeConfig
+from nbtoolkit.recompute.measure import Progress, check_step, measure_step
+from nbtoolkit.recompute.planner import plan_recompute
+from nbtoolkit.core.units import format_bytes
+
+__all__ = ["config_from_arguments", "optimize"]
+
+#: Step runs the progress bar counts for planning with recompute="auto" (an estimate).
+_PLAN_RUNS = 10
+
+#: optimize()'s keyword arguments that a config= replaces, with their defaults.
+_SETTING_DEFAULTS: dict[str, Any] = {
+    "compile": False,
+    "recompute": None,
+    "budget_bytes": None,
+    "amp": None,
+    "steps": None,
+    "warmup": None,
+    "undo": True,
+    "categories": True,
+    "metrics": True,
+    "tokens_per_step": None,
+}
+
+
+def config_from_arguments(**arguments: Any) -> OptimizeConfig:
+    """The :class:`OptimizeConfig` that :func:`optimize`'s keyword arguments (its defaults for
+    any left out) stand for, the environment filling what they leave unset."""
+    unknown = sorted(set(arguments) - set(_SETTING_DEFAULTS))
+    if unknown:
+        raise NbtUsageError(f"unknown optimize() setting(s) {unknown}: use {sorted(_SETTING_DEFAULTS)}")
+    given = {**_SETTING_DEFAULTS, **arguments}
+    measure = measure_config(
+        steps=given["steps"], warmup=given["warmup"], categories=given["categories"],
+        metrics=given["metrics"], tokens_per_step=given["tokens_per_step"],
+    )
+    return OptimizeConfig.from_env(
+        compile=given["compile"], recompute=given["recompute"], budget_bytes=given["budget_bytes"],
+        amp=given["amp"], undo=given["undo"], measure=measure,
+    )
+
+
+def optimize(
+    model: Any,
+    step: Any,
+    *,
+    compile: bool | str | dict[str, Any] = False,
+    recompute: str | Sequence[str] | None = None,
+    budget_bytes: int | float | str | None = None,
+    amp: str | None = None,
+    steps: int | None = None,
+    warmup: int | None = None,
+    undo: bool = True,
+    categories: bool = True,
+    progress: Progress | None = None,
+    metrics: bool = True,
+    tokens_per_step: int | None = None,
+    config: OptimizeConfig | MeasureConfig | None = None,
+) -> Comparison:
+    """Measure ``step``, apply the requested changes to ``model``, measure again; a :class:`Comparison`.
+
+    Args:
+        model: the ``torch.nn.Module`` that ``step`` trains.
+        step: zero-argument callable running one training step; returns the loss or None.
+        compile: False; True (torch.compile defaults); a mode name; or a dict of torch.compile
+            options (``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``options``).
+        recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes`` with
+            :func:`~nbtoolkit.recompute.planner.plan_recompute`); or a list of module names
+            to checkpoint.
+        budget_bytes: the device's total peak for ``recompute="auto"`` (bytes, ``"1.5GB"``, or on a
+            GPU a share such as ``"90%"``): parameters, gradients and optimizer state count.
+        amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
+        steps, warmup: timed steps and warm-up steps of each measurement (default: ``MeasureConfig()``'s).
+        undo: restore the model at the end (default); False keeps the changes (``.applied``).
+        categories: also measure the peak by torch memory category (one more profiled step each).
+        progress: ``progress(done, total, what)`` while measuring.
+        metrics: also count each configuration's FLOPs (one more step each) and show model and
+            hardware FLOPs, achieved FLOP/s, MFU and HFU (``nbt.step_metrics``) in the table.
+        tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
+        config: all of the above but ``progress`` as one
+            :class:`~nbtoolkit.recompute.config.OptimizeConfig`; then leave them out. Or only
+            how each side is measured, as a :class:`~nbtoolkit.MeasureConfig` (the arguments
+            given as well override its fields).
+
+    Both measurements start from the same weights: the model's parameters and buffers are
+    copied (to the CPU) before the baseline and put back before the second measurement and
+    again at the end. So the first loss of each measurement is computed
+    from identical weights and shows whether the changes alter what the step computes, and the
+    model's weights are as they were afterwards. Optimizer state (e.g. Adam's moments) lives in
+    the step and is not restored: it has advanced by the measured steps.
+    The environment variables and the order of changes are described in the module docstring.
+    Bad input raises NbtUsageError (PlanError when no plan fits) and leaves the model as it was.
+    """
+    module = check_module(model)
+    check_step(step)
+    arguments = {
+        "compile": compile, "recompute": recompute, "budget_bytes": budget_bytes, "amp": amp,
+        "steps": steps, "warmup": warmup, "undo": undo, "categories": categories, "metrics": metrics,
+        "tokens_per_step": tokens_per_step,
+    }
+    if config is None:
+        config = config_from_arguments(**arguments)
+    elif isinstance(config, MeasureConfig):
+        # categories/metrics left at their defaults keep the config's
+        measure = measure_config(
+            config, steps=steps, warmup=warmup, tokens_per_step=tokens_per_step,
+            categories=None if categories else False, metrics=None if metrics else False,
+        )
+        config = OptimizeConfig.from_env(compile=compile, recompute=recompute, budget_bytes=budget_bytes,
+                                         amp=amp, undo=undo, measure=measure)
+    else:
+        if not isinstance(config, OptimizeConfig):
+            raise NbtUsageError(
+                f"config must be an OptimizeConfig or a MeasureConfig, got {type(config).__name__}"
+            )
+        given = [name for name, value in arguments.items() if value != _SETTING_DEFAULTS[name]]
+        if given:
+            raise NbtUsageError(
+                f"{', '.join(given)} given both as argument(s) and in config=: "
+                "set them in OptimizeConfig(...) only"
+            )
+    return _optimize(module, step, config, progress)
+
+
+def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress | None) -> Comparison:
+    """optimize() once its settings are checked: measure, plan, apply, measure, restore."""
+    names = config.blocks
+    if names is not None:
+        resolve_blocks(module, names)  # fail before measuring anything
+    auto = config.recompute == "auto"
+    budget: Any = config.budget_bytes  # bytes, or a share of the device until the plan resolves it
+    compile_opts = config.compile_options
+    measure = config.measure
+    plan_runs = _PLAN_RUNS if auto else 0
+    runs_each = measure.warmup + measure.steps + (1 if measure.memory else 0) + (1 if measure.metrics else 0)
+    total = runs_each * 2 + plan_runs
+    offset = 0
+
+    def staged() -> Progress | None:
+        if progress is None:
+            return None
+
+        def report(done: int, of: int, label: str) -> None:
+            progress(min(offset + done, total), total, label)
+
+        return report
+
+    initial_state = _copy_state(module)
+    before = measure_step(
+        step, label="before", config=measure, applied={"compile": None, "recompute": [], "amp": None},
+        progress=staged(),
+    )
+    offset += runs_each
+    plan = None
+    applied = Applied()
+    notes: list[str] = []
+    try:
+        if auto:
+            assert budget is not None
+            plan_progress: Progress | None = None
+            if progress is not None:
+                report = progress
+
+                def plan_progress(done: int, of: int, what: str) -> None:
+                    report(offset + round(plan_runs * done / max(of, 1)), total, f"plan: {what}")
+
+            plan = plan_recompute(module, step, budget, config=config.plan, progress=plan_progress)
+            budget = plan.budget_bytes  # a share of the device ("90%") is now bytes of it
+            names = list(plan.blocks)
+            if not names:
+                notes.append(
+                    f"the baseline peak {format_bytes(plan.baseline_peak_bytes)} already fits the budget "
+                    f"{format_bytes(budget)}: nothing to recompute"
+                )
+        offset += plan_runs
+        if names:
+            applied.extend(checkpoint_blocks(module, names))
+        if config.amp is not None:
+            applied.extend(autocast_model(module, config.amp))
+        if compile_opts is not None:
+            applied.extend(compile_model(module, **compile_opts))
+        _restore_state(module, initial_state)  # planning ran steps too: start "after" where "before" did
+        after = measure_step(
+            step, label="after", config=measure, compiled=compile_opts is not None,
+            applied={"compile": compile_opts, "recompute": names or [], "amp": config.amp},
+            progress=staged(),
+        )
+    except BaseException:
+        applied.undo()
+        _restore_state(module, initial_state)
+        raise
+    _restore_state(module, initial_state)  # measuring must not train the user's model
+    after_total = after.total_peak_bytes if after.total_peak_bytes is not None else after.peak_bytes
+    if budget is not None and auto and after_total > budget:
+        notes.append(
+            f"measured total peak {format_bytes(after_total)} is over the budget {format_bytes(budget)} "
+            "with all changes applied (compile/AMP change memory too)"
+        )
+    changes = list(applied.changes)
+    if names:
+        # one line for the whole set of checkpointed blocks reads better than one per block
+        changes = [c for c in changes if not c.startswith("checkpoint ")]
+        changes.insert(0, f"checkpoint {len(names)} block(s): {', '.join(names)}")
+    if config.undo:
+        applied.undo()
+        handle = None
+    else:
+        handle = applied
+    return Comparison(
+        before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle,
+        nothing_applied=None if changes else _why_nothing_applied(module, config, plan),
+    )
+
+
+def _why_nothing_applied(module: Any, config: OptimizeConfig, plan: Any) -> str:
+    """Why optimize() changed nothing, in words (the Comparison then claims no speed-up)."""
+    reasons = []
+    if not any(True for _ in module.parameters()):
+        reasons.append("the model has no parameters")
+    if plan is not None and not plan.blocks:
+        reasons.append("the recompute plan chose no block (the step already fits the budget)")
+    elif config.recompute is None and config.compile_options is None and config.amp is None:
+        reasons.append("no change was asked for: pass compile=True, recompute=... or amp=...")
+    return "; ".join(reasons) or "no change applied"
+
+
+def _copy_state(module: Any) -> dict[str, Any]:
+    """A CPU copy of the module's parameters and buffers (not on the device: no extra device memory)."""
+    return {name: value.detach().to("cpu", copy=True) for name, value in module.state_dict().items()}
+
+
+def _restore_state(module: Any, state: dict[str, Any]) -> None:
+    """Put the copied values back in place, so the tensors (and optimizers holding them) stay the same."""
+    import torch
+
+    with torch.no_grad():
+        for name, value in module.state_dict().items():
+            value.copy_(state[name])

@@ -1,0 +1,299 @@
+"""A recomputation plan: which blocks to checkpoint, what that is predicted to save and cost.
+
+Made by :func:`nbtoolkit.plan_recompute`; plain data (pandas frames, lists, numbers) that
+saves and loads as JSON. ``apply(model)`` wraps the chosen blocks in activation
+checkpointing and returns a handle whose ``undo()`` restores the model exactly.
+
+The memory model the numbers come from (written out in full in
+``nbtoolkit.recompute.planner``): the step's live bytes were measured over time;
+a block is *alive* from the end of its forward to the start of its backward; a phase is a
+stretch of the step with one set of alive blocks, and ``phases.baseline_bytes`` is the
+highest live total measured in it. Checkpointing a set S of blocks gives the predicted peak
+
+    peak(S) = fixed_bytes
+              + max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
+
+and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``.
+``fixed_bytes`` is device memory no checkpointing changes (parameters, optimizer state,
+inputs). ``budget_kind`` says what the budget and every peak count: ``"total"`` (the default)
+the device's whole peak, what ``torch.cuda.max_memory_allocated`` reports on a GPU and
+MemTracker's total on the CPU; ``"step"`` only what the step allocates above what was live
+before it (then ``fixed_bytes`` is 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["RecomputePlan", "Undoable"]
+
+
+class Undoable(Protocol):
+    """What ``RecomputePlan.apply`` returns (``nbtoolkit.recompute.handle.Applied``): a
+    handle whose ``undo()`` restores the model, also usable as ``with plan.apply(model): ...``."""
+
+    changes: list[str]
+
+    def undo(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclass(repr=False)  # the Result mixin's repr (a summary) must win over dataclass's
+class RecomputePlan(Result):
+    """Blocks to checkpoint so the peak memory stays under ``budget_bytes``.
+
+    Attributes:
+        blocks: names (as in ``model.named_modules()``) of the blocks to checkpoint, in model order.
+        budget_bytes: the budget the plan was made for, in bytes of the peak ``budget_kind`` names.
+        predicted_peak_bytes: peak(blocks) from the memory model above.
+        predicted_overhead_s: extra seconds per step: the sum of the chosen blocks' ``recompute_time_s``.
+        baseline_peak_bytes: the measured peak without any checkpointing (plus ``fixed_bytes``).
+        baseline_step_time_s: the measured median step time without checkpointing (processor
+            time when the model is on the CPU, see ``plan_recompute``).
+        candidates: one row per candidate block: ``block``, ``module`` (class),
+            ``saved_bytes`` (measured drop in live bytes when only that block is checkpointed),
+            ``recompute_time_s`` (measured step-time increase when only that block is checkpointed),
+            ``forward_time_s`` (its fastest forward, for reference), ``chosen``.
+        tradeoff: the exact memory-vs-time Pareto front: ``predicted_peak_bytes``,
+            ``predicted_overhead_s``, ``n_blocks``, ``blocks`` (comma-separated), from no
+            checkpointing down to the lowest reachable peak.
+        phases: ``baseline_bytes`` and ``alive`` (block names) per phase of the memory model.
+        measured_peak_bytes: the peak measured with the plan applied (None if not verified).
+        solver: how the set was chosen.
+        notes: what the planner wants you to know (candidates dropped, budget tightened ...).
+        fixed_bytes: bytes added to every predicted peak, which no checkpointing changes
+            (parameters, optimizer state, inputs; 0 for a ``"step"`` budget).
+        budget_kind: ``"total"`` (the device's whole peak) or ``"step"`` (the step's own peak).
+    """
+
+    blocks: list[str]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    predicted_overhead_s: float
+    baseline_peak_bytes: int
+    baseline_step_time_s: float
+    candidates: pd.DataFrame
+    tradeoff: pd.DataFrame
+    phases: pd.DataFrame
+    measured_peak_bytes: int | None = None
+    solver: str = "integer linear program (PuLP + CBC)"
+    notes: list[str] = field(default_factory=list)
+    fixed_bytes: int = 0
+    budget_kind: str = "total"
+
+    # ---- the model, usable without re-running anything (the panel's slider uses these) ----
+    def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
+        """Predicted peak (bytes, the kind ``budget_kind`` names) when exactly ``blocks`` are checkpointed."""
+        saved = dict(zip(self.candidates["block"], self.candidates["saved_bytes"], strict=True))
+        chosen = set(blocks)
+        peak = 0
+        for baseline, alive in zip(self.phases["baseline_bytes"], self.phases["alive"], strict=True):
+            peak = max(peak, int(baseline) - sum(int(saved[b]) for b in alive if b in chosen))
+        return int(self.fixed_bytes) + peak
+
+    def predict_overhead(self, blocks: list[str] | tuple[str, ...]) -> float:
+        """Predicted extra seconds per step when exactly ``blocks`` are checkpointed."""
+        cost = dict(zip(self.candidates["block"], self.candidates["recompute_time_s"], strict=True))
+        return float(sum(cost[b] for b in blocks))
+
+    @property
+    def min_peak_bytes(self) -> int:
+        """The lowest peak any plan reaches (all helpful blocks checkpointed)."""
+        return int(self.tradeoff["predicted_peak_bytes"].min())
+
+    def best_for(self, budget_bytes: float) -> dict[str, Any] | None:
+        """The cheapest point of the trade-off front whose predicted peak fits ``budget_bytes``.
+
+        Exact (the front holds every Pareto-optimal plan), and instant: no re-run, no solver.
+        None when no plan fits.
+        """
+        fits = self.tradeoff[self.tradeoff["predicted_peak_bytes"] <= budget_bytes]
+        if fits.empty:
+            return None
+        row = fits.sort_values(["predicted_overhead_s", "predicted_peak_bytes"]).iloc[0]
+        names = [b for b in str(row["blocks"]).split(",") if b]
+        return {
+            "blocks": names,
+            "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
+            "predicted_overhead_s": float(row["predicted_overhead_s"]),
+        }
+
+    def with_blocks(self, blocks: list[str] | tuple[str, ...]) -> RecomputePlan:
+        """This plan with exactly ``blocks`` chosen instead: same measurements and front, the
+        predicted peak and overhead recomputed from the model above."""
+        from nbtoolkit.core.errors import NbtUsageError
+
+        known = list(self.candidates["block"])
+        unknown = [b for b in blocks if b not in known]
+        if unknown:
+            raise NbtUsageError(f"{unknown} are not candidates of this plan: choose among {known}")
+        chosen = set(blocks)
+        ordered = [b for b in known if b in chosen]
+        candidates = self.candidates.copy()
+        candidates["chosen"] = [b in chosen for b in known]
+        return dataclasses.replace(
+            self,
+            blocks=ordered,
+            predicted_peak_bytes=self.predict_peak(ordered),
+            predicted_overhead_s=self.predict_overhead(ordered),
+            candidates=candidates,
+            notes=list(self.notes),
+        )
+
+    def apply(self, model: Any) -> Undoable:
+        """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
+        from nbtoolkit.recompute.checkpoint import checkpoint_blocks
+
+        return checkpoint_blocks(model, self.blocks)
+
+    # ---- display ----
+    def _summary_lines(self) -> list[str]:
+        measured = (
+            f", {format_bytes(self.measured_peak_bytes)} measured" if self.measured_peak_bytes else ""
+        )
+        counted = "total peak" if self.budget_kind == "total" else "step's own peak"
+        head = (
+            f"RecomputePlan: checkpoint {len(self.blocks)} of {len(self.candidates)} blocks "
+            f"for a budget of {format_bytes(self.budget_bytes)} ({counted})"
+        )
+        fixed = (
+            f" (of which {format_bytes(self.fixed_bytes)} fixed: parameters, optimizer state, inputs)"
+            if self.fixed_bytes else ""
+        )
+        peak = (
+            f"  peak   {format_bytes(self.baseline_peak_bytes)} -> "
+            f"{format_bytes(self.predicted_peak_bytes)} predicted{measured}{fixed}"
+        )
+        overhead = (
+            f"  time   +{format_seconds(self.predicted_overhead_s)} per step predicted "
+            f"(baseline step {format_seconds(self.baseline_step_time_s)})"
+        )
+        solver = (
+            f"  solver {self.solver}; trade-off front of {len(self.tradeoff)} plans, lowest peak "
+            f"{format_bytes(self.min_peak_bytes)}"
+        )
+        blocks = f"  blocks {', '.join(self.blocks) if self.blocks else '(none)'}"
+        lines = [head, peak, overhead, blocks, solver]
+        return lines
+
+    def _text(self) -> str:
+        lines = self._summary_lines()
+        lines.append("  candidates:")
+        lines.extend(
+            f"    {'*' if row.chosen else ' '} {row.block:<24} {row.module:<16} saves "
+            f"{format_bytes(row.saved_bytes):>12}  costs {format_seconds(row.recompute_time_s):>9}"
+            for row in self.candidates.itertuples(index=False)
+        )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def _display_candidates(self) -> pd.DataFrame:
+        frame = self.candidates.copy()
+        frame["saved"] = [format_bytes(v) for v in frame["saved_bytes"]]
+        frame["recompute time"] = [format_seconds(v) for v in frame["recompute_time_s"]]
+        frame["chosen"] = ["yes" if c else "" for c in frame["chosen"]]
+        return frame[["block", "module", "saved", "recompute time", "chosen"]]
+
+    def _display_tradeoff(self) -> pd.DataFrame:
+        frame = self.tradeoff.copy()
+        frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
+        frame["predicted overhead"] = [format_seconds(v) for v in frame["predicted_overhead_s"]]
+        return frame[["predicted peak", "predicted overhead", "n_blocks", "blocks"]]
+
+    def _html(self) -> str:
+        head = "<br>".join(escape(line.strip()) for line in self._summary_lines())
+        notes = "".join(f"<p><i>note: {escape(n)}</i></p>" for n in self.notes)
+        return (
+            f"<div class='nbt-plan'><p>{head}</p><p><b>candidates</b></p>"
+            f"{html_table(self._display_candidates(), max_rows=64)}"
+            f"<p><b>trade-off front</b> (every plan no other plan beats in both memory and time)</p>"
+            f"{html_table(self._display_tradeoff(), max_rows=64)}{notes}</div>"
+        )
+
+    # ---- save / load ----
+    def to_dict(self) -> dict[str, Any]:
+        phases = self.phases.copy()
+        phases["alive"] = [list(a) for a in phases["alive"]]
+        return {
+            "blocks": list(self.blocks),
+            "budget_bytes": int(self.budget_bytes),
+            "predicted_peak_bytes": int(self.predicted_peak_bytes),
+            "predicted_overhead_s": float(self.predicted_overhead_s),
+            "baseline_peak_bytes": int(self.baseline_peak_bytes),
+            "baseline_step_time_s": float(self.baseline_step_time_s),
+            "candidates": self.candidates.to_dict(orient="records"),
+            "tradeoff": self.tradeoff.to_dict(orient="records"),
+            "phases": phases.to_dict(orient="records"),
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "solver": self.solver,
+            "notes": list(self.notes),
+            "fixed_bytes": int(self.fixed_bytes),
+            "budget_kind": self.budget_kind,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        from nbtoolkit.core.errors import SaveError
+        from nbtoolkit.core.paths import path_errors
+        from nbtoolkit.core.saved import file_to_save
+
+        target = file_to_save(path, what="RecomputePlan")
+        text = json.dumps(self.to_dict(), indent=1, default=_json_default)
+        with path_errors(target, "save the RecomputePlan to", error=SaveError):
+            target.write_text(text)
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> RecomputePlan:
+        import pandas as pd
+
+        from nbtoolkit.core.errors import NbtUsageError
+        from nbtoolkit.core.paths import user_path
+
+        source = user_path(path)
+        try:
+            data = json.loads(source.read_text())
+            phases = pd.DataFrame.from_records(data["phases"], columns=["phase", "baseline_bytes", "alive"])
+            phases["alive"] = [tuple(a) for a in phases["alive"]]
+            return cls(
+                blocks=list(data["blocks"]),
+                budget_bytes=int(data["budget_bytes"]),
+                predicted_peak_bytes=int(data["predicted_peak_bytes"]),
+                predicted_overhead_s=float(data["predicted_overhead_s"]),
+                baseline_peak_bytes=int(data["baseline_peak_bytes"]),
+                baseline_step_time_s=float(data["baseline_step_time_s"]),
+                candidates=pd.DataFrame.from_records(data["candidates"]),
+                tradeoff=pd.DataFrame.from_records(data["tradeoff"]),
+                phases=phases,
+                measured_peak_bytes=data.get("measured_peak_bytes"),
+                solver=str(data.get("solver", "")),
+                notes=list(data.get("notes", [])),
+                fixed_bytes=int(data.get("fixed_bytes", 0)),
+                # plans saved before budgets counted the device's total were step budgets
+                budget_kind=str(data.get("budget_kind", "step")),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NbtUsageError(
+                f"cannot read a saved RecomputePlan from {str(source)!r}: {exc}; pass a file written by "
+                "RecomputePlan.save()"
+            ) from None
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)

@@ -1,0 +1,265 @@
+"""Choose which blocks to recompute (activation checkpointing) under a memory budget.
+
+:func:`plan_recompute` is two halves with a plain table between them: the measurement
+(steps 1-4, ``nbtoolkit.recompute.plan_measure``, which runs the step) produces a
+:class:`~nbtoolkit.recompute.costs.RecomputeCosts`, and the pure solver (steps 5-7,
+``nbtoolkit.recompute.solver``) turns it and the budget into a
+:class:`~nbtoolkit.recompute.plan.RecomputePlan`; step 8 checks the plan by running it.
+
+Algorithm of :func:`plan_recompute`, every number measured on the machine at hand:
+
+1. **Candidates.** The blocks you name, or by default the repeated blocks of the model:
+   among every module's direct children, the groups of two or more non-leaf children of
+   the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks);
+   the group holding the most parameters wins.
+2. **Recompute time.** One warm-up step (so optimizer state exists), then ``steps`` rounds:
+   each round times one plain step and one step with each candidate checkpointed alone,
+   interleaved so that load from other processes hits every configuration alike. The cost
+   of block ``i`` is ``t_i = max(0, fastest step with i checkpointed - fastest plain step)``
+   (processor time from ``time.process_time`` when the model is on the CPU, which waiting
+   for a busy machine's cores does not inflate; wall time otherwise):
+   the measured price of its recomputation *and* of the checkpoint machinery, net of what
+   checkpointing gives back (on the CPU, freeing activations early can make the allocator
+   cheaper, so a block's forward time alone overstates its cost; it is reported as
+   ``forward_time_s`` for reference). The fastest run is used because load only adds time.
+3. **Memory over time.** One step under ``torch.profiler(profile_memory=True)``: the
+   allocator's running total ``L(t)`` after every allocation and free, and markers for the
+   end of each block's forward and the start of its backward (a hook on the gradient of the
+   block's output). Block ``i`` is *alive* from its forward's end to its backward's start:
+   that is when checkpointing it holds less memory. The step splits into *phases*, stretches
+   with one alive set ``A_p``; ``P_p`` is the highest ``L(t)`` measured in phase ``p``.
+   The same step is measured whole: the device's total peak ``T`` (``max_memory_allocated``
+   on a GPU, the total torch's memory profiler classifies on the CPU, which matches
+   MemTracker's), so ``F = T - max L`` is what the device holds that the step did not
+   allocate and no recomputation changes (parameters, optimizer state, inputs).
+4. **Savings.** For each candidate alone: checkpoint it, run one profiled step, and read the
+   live total at the end of the last block's forward (all blocks alive there).
+   ``s_i = L_baseline - L_checkpointed(i)``: the bytes of activations the block no longer
+   keeps, net of the inputs the checkpoint keeps instead. Memory is deterministic, so one
+   run each is enough.
+5. **Model.** Checkpointing a set S gives the peak ``F + max_p (P_p - sum_{i in S ∩ A_p} s_i)``
+   (without ``F`` for a budget of the step's own memory, ``step_budget_bytes``): each
+   phase keeps its measured level minus the savings of the checkpointed blocks alive in it.
+   During a checkpointed block's own backward its activations are rebuilt, which the model
+   covers because the block is not alive there. The peak is *not* the baseline peak minus
+   the sum of savings: a block saves nothing in phases where it is not alive, and the peak
+   can move to another phase (the backward of the first blocks, the optimizer step).
+6. **Solver: an exact integer linear program** (PuLP with the CBC solver it ships):
+   binary ``x_i``; minimise ``sum t_i x_i``; subject to, for every phase with ``F + P_p > budget``,
+   ``sum_{i in A_p} s_i x_i >= F + P_p - budget``. An ILP rather than dynamic programming because
+   the savings are byte counts (a DP over them needs rounding to a grid, which loses
+   exactness or explodes the table), and because the alive sets need not be nested prefixes
+   (blocks named by the user may run in any order): the ILP takes any phase structure as is.
+   With a few dozen candidates CBC answers in milliseconds.
+7. **Trade-off front.** Solving again with the budget just below the last plan's predicted
+   peak walks the exact Pareto front, from no checkpointing to the lowest reachable peak.
+8. **Verification** (``verify=True``). The chosen plan is applied and one profiled step
+   measures its real peak (the device's total, or the step's own for a step budget). If that
+   is above the budget (a block's rebuilt activations can overlap with others' in ways the
+   model rounds away), the plan is re-solved with the budget lowered by the overshoot, up to
+   three times, and the measured peak is recorded.
+
+The model is left as it was (hooks removed, checkpoint wrappers undone) also on errors.
+Steps run for real: the optimizer updates the weights, as in your training loop.
+
+Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
+process on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
+from nbtoolkit.core.device_memory import budget_bytes_for, model_device, model_gpu
+from nbtoolkit.core.errors import NbtUsageError, PlanError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.recompute.plan import RecomputePlan
+from nbtoolkit.recompute.costs import RecomputeCosts
+from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
+from nbtoolkit.recompute.config import RecomputeConfig
+from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
+from nbtoolkit.recompute.plan_measure import measure_recompute_costs, measurement_runs
+from nbtoolkit.core.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["find_repeated_blocks", "plan_recompute"]
+
+#: Re-plans after a verified peak came out over the budget (step 8).
+_VERIFY_ATTEMPTS = 3
+
+
+def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
+    """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""
+    best: tuple[int, int, list[str]] | None = None
+    for parent_name, parent in model.named_modules():
+        groups: dict[type, list[tuple[str, Any]]] = {}
+        for child_name, child in parent.named_children():
+            if next(child.children(), None) is None:  # leaf modules (Linear, LayerNorm) are not blocks
+                continue
+            groups.setdefault(type(child), []).append((child_name, child))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            params = sum(p.numel() for _, child in members for p in child.parameters())
+            names = [f"{parent_name}.{n}" if parent_name else n for n, _ in members]
+            key = (params, len(names))
+            if best is None or key > best[:2]:
+                best = (params, len(names), names)
+    return best[2] if best else []
+
+
+def plan_recompute(
+    model: Any,
+    step: Any,
+    budget_bytes: Any = None,
+    *,
+    step_budget_bytes: Any = None,
+    blocks: Sequence[str] | None = None,
+    steps: int | None = None,
+    verify: bool = True,
+    progress: Progress | None = None,
+    config: RecomputeConfig | MeasureConfig | None = None,
+) -> RecomputePlan:
+    """Measure the candidate blocks and choose the cheapest set to checkpoint under a memory budget.
+
+    Args:
+        model: the ``torch.nn.Module`` the step trains.
+        step: zero-argument callable running one training step (forward, backward, optimizer).
+        budget_bytes: the device's total peak to stay under, everything allocated at the step's
+            peak (parameters, gradients, optimizer state, activations, temporaries): what
+            ``torch.cuda.max_memory_allocated`` reports on a GPU and torch's MemTracker's total on
+            the CPU. Bytes, text like ``"70GB"``, or on a GPU a share of its memory like ``"90%"``.
+            None (and no ``step_budget_bytes``): plan nothing, but measure the candidates and the
+            whole trade-off front (what the panel starts from).
+        step_budget_bytes: instead of ``budget_bytes``, a budget for the step's own peak: what it
+            allocates above what was live before it (``Measurement.peak_bytes``).
+        blocks: candidate module names (``model.named_modules()`` paths); default: the repeated blocks.
+        steps: timing rounds (each: one plain step and one step per candidate checkpointed);
+            default ``MeasureConfig().steps``.
+        verify: apply the chosen plan and measure its real peak (step 8).
+        progress: ``progress(done, total, what)`` after each run.
+        config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments;
+            or a :class:`~nbtoolkit.MeasureConfig` for the timing rounds (its ``steps``; a
+            ``steps=`` given as well wins).
+
+    Raises:
+        NbtUsageError: not a module, not a callable step, bad block names or budget.
+        StepError: the step raised (a NbtUsageError too; the original is its ``__cause__``).
+        PlanError: no repeated blocks to choose from, or no plan reaches the budget (the message
+            gives the lowest reachable peak, what of it is fixed and what would lower that).
+
+    The algorithm is written out in the module docstring.
+    """
+    module = check_module(model)
+    check_step(step)
+    budget, kind = _budget(module, budget_bytes, step_budget_bytes)
+    config = _config(config, blocks=blocks, steps=steps, verify=verify)
+    if config.blocks is None:
+        names = find_repeated_blocks(module)
+        if not names:
+            raise PlanError(
+                f"{type(module).__name__} has no repeated blocks (no two non-leaf children of the same class "
+                "under one parent) to choose from: name the modules to consider with blocks=['layer1', ...]"
+            )
+    else:
+        names = list(config.blocks)
+    modules = resolve_blocks(module, names)
+    verifying = config.verify and budget is not None
+    total_runs = measurement_runs(len(names), config.steps) + (1 if verifying else 0)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(min(done, total_runs), total_runs, what)
+
+    costs = measure_recompute_costs(
+        module, step, names, modules, steps=config.steps, tick=tick, total=kind == "total"
+    )
+    plan = solve_recompute(costs, budget, budget_kind=kind)
+    if verifying and plan.blocks:
+        assert budget is not None
+        plan = _verified(module, step, costs, plan, budget, tick=tick)
+    return plan
+
+
+def _budget(module: Any, total: Any, step_only: Any) -> tuple[int | None, str]:
+    """(the budget in bytes or None, what it counts: ``"total"`` or ``"step"``)."""
+    if total is not None and step_only is not None:
+        raise NbtUsageError(
+            "give budget_bytes (the device's total peak) or step_budget_bytes (the step's own peak), not both"
+        )
+    if step_only is not None:
+        return parse_bytes(step_only, what="step_budget_bytes"), "step"
+    if total is None:
+        return None, "total"
+    return budget_bytes_for(total, model_device(module)), "total"
+
+
+def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> RecomputeConfig:
+    """The settings: a RecomputeConfig when given (then the separate arguments must be left
+    alone); else the arguments, the timing rounds merged with a MeasureConfig's steps."""
+    if config is None or isinstance(config, MeasureConfig):
+        measure = measure_config(config, steps=steps)
+        return RecomputeConfig(blocks=blocks, steps=measure.steps, verify=verify)
+    if not isinstance(config, RecomputeConfig):
+        raise NbtUsageError(
+            f"config must be a RecomputeConfig or a MeasureConfig, got {type(config).__name__}"
+        )
+    arguments = (("blocks", blocks, None), ("steps", steps, None), ("verify", verify, True))
+    given = [name for name, value, default in arguments if value != default]
+    if given:
+        raise NbtUsageError(
+            f"{', '.join(given)} given both as argument(s) and in config=: "
+            "set them in RecomputeConfig(...) only"
+        )
+    return config
+
+
+def _verified(
+    module: torch.nn.Module,
+    step: Any,
+    costs: RecomputeCosts,
+    plan: RecomputePlan,
+    budget: int,
+    *,
+    tick: Callable[[str], None],
+) -> RecomputePlan:
+    """Step 8: apply the plan, measure its peak; re-plan under a lowered budget while it is over."""
+    notes = list(plan.notes)
+    measured = 0
+    total = plan.budget_kind == "total"
+    gpu = model_gpu(module)
+    for _attempt in range(_VERIFY_ATTEMPTS):
+        applied = checkpoint_blocks(module, plan.blocks)
+        try:
+            series, _, _ = profile_memory_series(step, total=total, device=gpu)
+        finally:
+            applied.undo()
+        whole = series.total_peak_bytes
+        measured = whole if total and whole is not None else series.peak_bytes
+        if measured <= budget:
+            break
+        overshoot = measured - plan.predicted_peak_bytes
+        notes.append(
+            f"measured peak {format_bytes(measured)} was over the budget: re-planned with the budget "
+            f"lowered by {format_bytes(overshoot)}"
+        )
+        tighter = cheapest_blocks(costs, budget - max(overshoot, 1024), fixed_bytes=plan.fixed_bytes)
+        if tighter is None or set(tighter) == set(plan.blocks):
+            break
+        plan = plan.with_blocks(tighter)
+    tick("profiled step with the plan applied")
+    if measured > budget:
+        raise PlanError(
+            f"no recomputation plan measured under a budget of {format_bytes(budget)}: the best "
+            f"measured {format_bytes(measured)} ({'the device total' if total else 'the step'}). "
+            "Raise the budget or name smaller blocks"
+        )
+    return dataclasses.replace(plan, measured_peak_bytes=measured, notes=notes)

@@ -1,0 +1,1 @@
+"""One HTML report of any results."""

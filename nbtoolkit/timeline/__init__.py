@@ -1,0 +1,1 @@
+"""The timeline widget machinery (levels of detail for millions of events) that trace and memory use."""

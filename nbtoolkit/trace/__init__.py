@@ -1,0 +1,1 @@
+"""Profiler traces: capture, read, analyse (overlap, breakdowns, critical path, roofline), draw."""

@@ -1,0 +1,185 @@
+"""The device-kernel view of a rank that HolisticTraceAnalysis (HTA 0.5) analyses, computed our way.
+
+HTA's numbers depend on three preprocessing rules, reproduced here so that nbtoolkit's
+breakdowns and overlap give HTA's numbers on the same trace:
+
+1. Times in whole microseconds: ``ts`` is rounded up, ``end = ts + dur`` is rounded
+   down, ``dur = end - ts`` (HTA does this for ns-resolution traces to avoid spurious
+   overlaps; it is a no-op for integral times). Unlike HTA we clip the few intervals
+   this makes negative (sub-µs events) to zero length, which is why nbtoolkit stays
+   consistent (idle + compute + non-compute = span) where HTA's assertion fails.
+2. The last ProfilerStep is left out unless asked (HTA's ``include_last_profiler_step=False``),
+   and only when the trace has two or more ProfilerStep labels: host events are kept when
+   they start before the last step starts, device events when the host event that
+   launched them (same ``correlation``) is kept. A ProfilerStep label is a name that starts
+   with ``ProfilerStep`` (:mod:`nbtoolkit.core.profiler_steps`); HTA takes any name containing the
+   word, which would also count a user annotation such as ``"my ProfilerStep helper"``.
+3. A device event is any event with a stream (``stream != -1``). Its kernel type is
+   COMMUNICATION for ``nccl...Kernel`` names, MEMORY for names starting ``Memcpy``,
+   ``Memset`` or ``dma``, OTHER for synchronisation events and other memcpy/memset names,
+   and COMPUTATION for the rest. nbtoolkit also counts HCCL kernels (names starting
+   ``hccl``/``HCCL``/``hcom_``) as COMMUNICATION, which HTA 0.5 does not.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from nbtoolkit.core.profiler_steps import profiler_step_names
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.trace.trace import Trace
+
+__all__ = ["COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "DeviceView", "device_view", "kernel_types"]
+
+COMMUNICATION = "COMMUNICATION"
+MEMORY = "MEMORY"
+COMPUTATION = "COMPUTATION"
+OTHER = "OTHER"
+
+# HTA's rule is ``^nccl.*Kernel`` (NCCL, and RCCL, whose kernels keep NCCL's names); HCCL
+# kernels (Habana/Ascend collectives) are added: no HTA reference trace has such names.
+_COMM_RE = re.compile(r"^nccl.*Kernel|^(hccl|Hccl|HCCL|hcom_)")
+_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+_SYNC_NAMES = ("Event Sync", "Context Sync")
+
+
+@lru_cache(maxsize=1 << 16)
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of one device event name (cached: hundreds of ranks share their kernel names)."""
+    if _COMM_RE.match(name):
+        return COMMUNICATION
+    if _MEMORY_RE.match(name):
+        return MEMORY
+    if _NOT_COMPUTE_RE.match(name):
+        return OTHER
+    return COMPUTATION
+
+
+def kernel_types(names: pd.Series) -> np.ndarray:
+    """Kernel type per row of a categorical name column (classified once per distinct name)."""
+    return kernel_type_table(names.cat.categories)[names.cat.codes.to_numpy()]
+
+
+def kernel_type_table(categories: pd.Index) -> np.ndarray:
+    """Kernel type per category code of a name column, plus a trailing OTHER for code -1 (missing)."""
+    return np.array([kernel_type(str(c)) for c in categories.to_numpy()] + [OTHER], dtype=object)
+
+
+class DeviceView:
+    """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``.
+
+    Both frames are built on first use (a GPU breakdown never needs the large host frame).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        frame: pd.DataFrame,
+        *,
+        ts: np.ndarray,
+        end: np.ndarray,
+        keep: np.ndarray,
+        filtered: bool,
+    ) -> None:
+        self.rank = rank
+        self.filtered = filtered  # whether the last ProfilerStep was left out
+        self._frame, self._ts, self._end, self._keep = frame, ts, end, keep
+        self._stream = frame["stream"].to_numpy()
+
+    def _rows(self, index: np.ndarray) -> pd.DataFrame:
+        return self._frame.iloc[index].assign(ts=self._ts[index], end=self._end[index])
+
+    @cached_property
+    def host_rows(self) -> np.ndarray:
+        """Positions of the kept host events (stream == -1) among the rank's events."""
+        return np.flatnonzero(self._keep & (self._stream == -1))
+
+    @cached_property
+    def device_rows(self) -> np.ndarray:
+        """Positions of the kept device events (stream != -1) among the rank's events."""
+        return np.flatnonzero(self._keep & (self._stream != -1))
+
+    def values(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """One column at the given positions as numpy (``ts``/``end`` in whole µs): no frame is built.
+
+        The analyses that run once per rank at scale read columns this way; a DataFrame of
+        the rows costs a millisecond or more each time.
+        """
+        if column == "ts":
+            return self._ts[rows]
+        if column == "end":
+            return self._end[rows]
+        return self._frame[column].to_numpy()[rows]
+
+    def codes(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, pd.Index]:
+        """A categorical column's codes at the given positions, and its categories."""
+        values = self._frame[column]
+        return values.cat.codes.to_numpy()[rows], values.cat.categories
+
+    @cached_property
+    def host(self) -> pd.DataFrame:
+        """Kept host events (stream == -1) with whole-µs ts/end."""
+        return self._rows(self.host_rows)
+
+    @cached_property
+    def device(self) -> pd.DataFrame:
+        """Kept device events (stream != -1) with whole-µs ts/end and ``kernel_type``."""
+        device = self._rows(self.device_rows)
+        return device.assign(kernel_type=kernel_types(device["name"]))
+
+
+def count_step_labels(trace: Trace) -> int:
+    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on)."""
+    labels: set[str] = set()
+    for frame in trace.events.values():
+        labels.update(profiler_step_names(frame["name"].cat.categories))
+    return len(labels)
+
+
+def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> DeviceView:
+    """HTA's preprocessed events of one rank (see the module docstring)."""
+    frame = trace.rank_events(rank)
+    cats = frame["cat"]
+    if "" in cats.cat.categories:  # HTA drops events without a category
+        frame = frame[(cats.cat.codes != cats.cat.categories.get_loc("")).to_numpy()]
+    ts_raw = frame["ts"].to_numpy()
+    ts = np.ceil(ts_raw)
+    end = np.maximum(np.floor(ts_raw + frame["dur"].to_numpy()), ts)
+    stream = frame["stream"].to_numpy()
+    correlation = frame["correlation"].to_numpy()
+    names = frame["name"]
+    is_sync = names.isin(_SYNC_NAMES).to_numpy()
+    on_gpu = ((stream >= 0) & (correlation >= 0)) | is_sync
+
+    keep = np.ones(len(frame), dtype=bool)
+    filtered = False
+    if count_step_labels(trace) >= 2:
+        step_names = profiler_step_names(names.cat.categories)
+        is_step = names.isin(step_names).to_numpy() & ~on_gpu
+        if is_step.any():
+            last_start = ts[is_step].max()
+            last_end = end[is_step].max()
+            keep_host = ~on_gpu & ((ts <= last_end) if include_last_step else (ts < last_start))
+        else:  # HTA compares with NaN here: no host event survives
+            keep_host = np.zeros(len(frame), dtype=bool)
+        kept_corr = np.unique(correlation[keep_host])
+        keep_gpu = on_gpu & np.isin(correlation, kept_corr)
+        keep = keep_host | keep_gpu
+        filtered = not include_last_step
+
+    return DeviceView(rank, frame, ts=ts, end=end, keep=keep, filtered=filtered)
+
+
+def merged(view_device: pd.DataFrame, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    from nbtoolkit.trace._intervals import merge
+
+    rows = view_device if kind is None else view_device[view_device["kernel_type"].to_numpy() == kind]
+    return merge(rows["ts"].to_numpy(), rows["end"].to_numpy())

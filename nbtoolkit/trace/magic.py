@@ -1,0 +1,106 @@
+"""``%%nbt profile``, ``%nbt overlap`` and ``%nbt trace``: one call of the trace API each."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
+from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
+
+
+def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.trace.profile import profile
+    from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
+
+    label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded)"
+    with DelayedProgress(label, delay_s=CELL_DELAY_S):
+        return profile(
+            call.cell_function(),
+            steps=args.steps,
+            warmup=args.warmup,
+            profile_memory=args.memory,
+            record_shapes=args.shapes,
+            metrics=args.metrics,
+            tokens_per_step=args.tokens,
+        )
+
+
+def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.trace.views import OverlapReport
+
+    # comm_comp_overlap (the one door for overlap) takes a path, a Trace or a TraceSummary variable.
+    return OverlapReport.of(call.resolve(args.traces))
+
+
+def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
+    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.timeline.static import TraceReportWithWidget
+    from nbtoolkit.trace.views import TraceReport
+
+    trace = load_trace(call.resolve(args.traces))
+    report = TraceReport.of(trace)
+    if not show_widget(args):
+        return report
+    from nbtoolkit.timeline.widget import timeline_widget
+
+    return TraceReportWithWidget.of_report(report, timeline_widget(trace))
+
+
+_TRACES = Argument("traces", help="a trace file, a folder of per-rank traces, or a Trace variable")
+_OVERLAP_OF = Argument(
+    "traces", help="a trace file, a folder of per-rank traces, or a Trace or TraceSummary variable"
+)
+
+
+def _profile_default(parameter: str) -> APIDefault:
+    # profile takes None for "MeasureConfig's default": show that default
+    return APIDefault("nbtoolkit.core.measure_config", "MeasureConfig", parameter)
+
+
+register(
+    Subcommand(
+        name="profile",
+        summary="run the cell under torch.profiler (one ProfilerStep per run) and show the Trace",
+        mode="cell",
+        arguments=(
+            Argument(
+                "--steps",
+                type=int,
+                default=_profile_default("steps"),
+                help="profiled runs of the cell (default %(default)s)",
+            ),
+            Argument(
+                "--warmup",
+                type=int,
+                default=_profile_default("warmup"),
+                help="unprofiled runs first (default %(default)s)",
+            ),
+            Argument("--memory", action="store_true", help="also record memory allocations (profile_memory)"),
+            Argument("--shapes", action="store_true", help="also record input shapes (record_shapes)"),
+            Argument("--metrics", action="store_true", help="also count FLOPs: MFU/HFU in the summary"),
+            Argument("--tokens", type=int, default=None, help="tokens per run of the cell, for tokens/s"),
+        ),
+        handler=_profile,
+    )
+)
+
+register(
+    Subcommand(
+        name="overlap",
+        summary="comm/compute overlap per rank (HTA's definition; gloo on CPU) of traces or a Trace",
+        mode="line",
+        arguments=(_OVERLAP_OF,),
+        handler=_overlap,
+    )
+)
+
+register(
+    Subcommand(
+        name="trace",
+        summary="timeline, steps, breakdowns and overlap of traces or a Trace variable",
+        mode="line",
+        arguments=(_TRACES, *DISPLAY_ARGUMENTS),
+        handler=_trace,
+    )
+)

@@ -1,0 +1,116 @@
+"""``nbt.profile``: run a function under ``torch.profiler`` and get a :class:`Trace` back.
+
+The function runs ``warmup`` times unprofiled (first-call costs such as lazy
+initialisation or compilation would otherwise dominate), then ``steps`` times under the
+profiler with one ``ProfilerStep#N`` per call, recorded by
+:func:`nbtoolkit.trace.torch_profiler.record_step_trace`, the same recorder the cluster's
+ranks use. The Chrome trace the profiler exports is read back through
+:func:`nbtoolkit.load_trace`, so a profiled cell feeds exactly the same analyses and views
+as a trace file from a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+
+if TYPE_CHECKING:
+    from nbtoolkit.trace.trace import Trace
+
+__all__ = ["profile"]
+
+
+def profile(
+    fn: Callable[[], Any],
+    steps: int | None = None,
+    *,
+    warmup: int | None = None,
+    record_shapes: bool = False,
+    profile_memory: bool = False,
+    with_stack: bool = False,
+    trace_path: str | Path | None = None,
+    metrics: bool = False,
+    tokens_per_step: int | None = None,
+    config: MeasureConfig | None = None,
+) -> Trace:
+    """Profile ``steps`` calls of ``fn`` (after ``warmup`` unprofiled calls) and return the Trace.
+
+    Args:
+        fn: a zero-argument callable, e.g. one training step.
+        steps: profiled calls, one ``ProfilerStep#N`` each (N counts from 0); default
+            ``MeasureConfig().steps``.
+        warmup: calls before profiling starts; default ``MeasureConfig().warmup``.
+        record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
+        trace_path: also keep the exported Chrome trace at this path (``.json``), e.g.
+            to open it in Perfetto; by default it goes to a temporary file that is removed.
+        metrics: also count the step's FLOPs (one more, unprofiled run under torch's FLOP
+            counter) and attach :class:`~nbtoolkit.metrics.step_metrics.StepMetrics` as
+            ``trace.step_metrics``, with MFU/HFU in the summary. The step times are the
+            profiled ones, so MFU is a lower bound (the profiler adds overhead).
+        tokens_per_step: tokens one call of ``fn`` processes, for tokens/s (with ``metrics``).
+        config: a :class:`~nbtoolkit.MeasureConfig` (steps, warm-up, whether each step waits
+            for its device work); ``steps=``/``warmup=`` given as well win.
+
+    CPU activities are always recorded, CUDA ones when CUDA is available; each step waits for
+    its device work (the step runner's ``synchronize`` inside the step's label).
+    The profiler is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt
+    inside ``fn`` leaves no profiler running; the exception propagates unchanged.
+    The value ``fn`` returned last is kept in ``trace.value``.
+    """
+    from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
+    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.trace.kineto_args import attach_event_args
+
+    measure = measure_config(config, steps=steps, warmup=warmup)
+
+    keep = trace_path is not None
+    where = (
+        contextlib.nullcontext(Path(trace_path))
+        if trace_path is not None
+        else temporary_trace_file("nbt-profile-")  # removed once the trace is loaded
+    )
+    with where as out:
+        value = record_step_trace(
+            fn,
+            out,
+            steps=measure.steps,
+            warmup=measure.warmup,
+            synchronize=measure.synchronize,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        )
+        trace = load_trace(out)
+        attach_event_args(trace)  # shapes and sync arguments, read before the temporary file goes
+    for info in trace.info.values():
+        # load_trace notes that a temporary file name carries no rank; here we know why.
+        info.notes = [n for n in info.notes if "file name" not in n]
+        info.source = str(out) if keep else "nbt.profile (in this process)"
+    trace.value = value
+    if metrics:
+        _attach_step_metrics(trace, fn, tokens_per_step)
+    return trace
+
+
+def _attach_step_metrics(trace: Trace, fn: Callable[[], Any], tokens_per_step: int | None) -> None:
+    """Count FLOPs of one more call of ``fn`` and rate them against the profiled step times."""
+    from nbtoolkit.metrics.measure import step_metrics_from_times
+    from nbtoolkit.core.errors import MetricsError
+
+    durations_us = trace.steps["dur"].tolist() if len(trace.steps) else []
+    step_times_s = [float(d) / 1e6 for d in durations_us]
+    try:
+        trace.step_metrics = step_metrics_from_times(
+            fn,
+            step_times_s,
+            times_note="step times of the profiled steps: MFU is a lower bound",
+            tokens_per_step=tokens_per_step,
+        )
+    except MetricsError as exc:  # metrics are an extra: the profile itself stands
+        trace.notes.append(f"step metrics not available: {exc}")
+        return
+    trace.notes.append(f"step metrics: {trace.step_metrics.summary_line()}")

@@ -1,0 +1,85 @@
+"""A Trace's per-rank analysis results, kept without its events: the unit of work at scale.
+
+:func:`summarize_trace` runs where a rank's trace was read (a worker process, a cluster
+node) and returns a small :class:`~nbtoolkit.trace.summary.TraceSummary`; summaries of
+disjoint ranks combine into the job's (``TraceSummary.combine``).
+
+One number depends on the other ranks: like HTA, the last ProfilerStep is left out when the
+*job* has two or more ProfilerStep labels (:mod:`nbtoolkit.trace._kernels`). A rank read
+alone sees only its own labels, so ``step_labels`` passes the labels the other ranks have:
+they are added to the rank's name categories (no event carries them), which is what the
+label count reads. The loaders summarize each rank with its own labels first and summarize
+again, with the job's labels, only the ranks whose decision differs (in practice none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from nbtoolkit.trace.overlap import overlap_by_rank_and_step
+from nbtoolkit.core.profiler_steps import profiler_step_names
+from nbtoolkit.trace.summary import SPAN_COLUMNS, TraceSummary
+
+if TYPE_CHECKING:
+    from nbtoolkit.trace.trace import Trace
+
+__all__ = ["rank_step_labels", "summarize_trace"]
+
+
+def rank_step_labels(trace: Trace) -> list[str]:
+    """The distinct ProfilerStep labels among the trace's event names, sorted."""
+    labels: set[str] = set()
+    for frame in trace.events.values():
+        labels.update(profiler_step_names(frame["name"].cat.categories))
+    return sorted(labels)
+
+
+def summarize_trace(
+    trace: Trace, *, include_last_step: bool = False, step_labels: Iterable[str] = ()
+) -> TraceSummary:
+    """Overlap (by rank and by step), steps and spans of every rank of ``trace``.
+
+    ``step_labels``: ProfilerStep labels of ranks that are not in ``trace`` (see the module
+    docstring); the numbers then equal those of the whole job's Trace.
+    """
+    import pandas as pd
+
+    from nbtoolkit.trace.trace import Trace as TraceClass
+
+    own = rank_step_labels(trace)
+    extra = sorted(set(step_labels) - set(own))
+    if extra:
+        events = {}
+        for rank, frame in trace.events.items():
+            names = frame["name"].cat.add_categories(
+                [x for x in extra if x not in frame["name"].cat.categories]
+            )
+            events[rank] = frame.assign(name=names)
+        view = TraceClass(events=events, info=trace.info, collectives=trace.collectives, notes=trace.notes)
+        view._steps = trace._steps
+    else:
+        view = trace
+    by_rank, by_step = overlap_by_rank_and_step(view, include_last_step=include_last_step)
+    spans = pd.DataFrame(
+        [
+            {
+                "rank": rank,
+                "first_us": float(frame["ts"].min()) if len(frame) else 0.0,
+                "last_us": float((frame["ts"] + frame["dur"]).max()) if len(frame) else 0.0,
+                "events": len(frame),
+            }
+            for rank, frame in sorted(trace.events.items())
+        ],
+        columns=list(SPAN_COLUMNS),
+    )
+    return TraceSummary(
+        overlap=by_rank,
+        overlap_by_step=by_step,
+        steps=trace.steps.reset_index(drop=True),
+        spans=spans,
+        info=dict(sorted(trace.info.items())),
+        step_labels=sorted(set(own) | set(step_labels)),
+        include_last_step=include_last_step,
+        notes=list(trace.notes),
+    )

@@ -1,0 +1,316 @@
+"""``TraceSummary``: what the analyses know about each rank of a large job, without its events.
+
+At hundreds of ranks the events of every rank do not fit one process comfortably (HTA keeps
+them all), and they need not: the overlap, the steps and the straggler numbers are per rank.
+A TraceSummary holds those per-rank results, computed where each rank's trace was read (a
+worker process, or the cluster node holding the file), and the metadata of every rank; the
+events of a few chosen ranks are loaded again on demand (:meth:`TraceSummary.load_ranks`,
+from the per-rank cache when there is one).
+
+Frames (times in µs, one row per rank unless said):
+
+- ``overlap``: ``comm_comp_overlap(trace)`` (rank, comm_time_us, overlap_time_us, overlap_pct,
+  exposed_comm_us, method);
+- ``overlap_by_step``: ``comm_comp_overlap(trace, by="iteration")`` (one row per rank and step);
+- ``steps``: ``trace.steps`` (rank, step, ts, dur; one row per ProfilerStep);
+- ``spans``: rank, first_us, last_us, events (the rank's first start, last end, event count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.errors import TraceError
+from nbtoolkit.core.result import Result, escape, html_table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.trace.trace import RankInfo, StragglerReport, Trace
+
+__all__ = ["FRAMES", "RECORD_COLUMNS", "SPAN_COLUMNS", "TraceSummary", "records_problem"]
+
+SPAN_COLUMNS = ("rank", "first_us", "last_us", "events")
+FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
+_OVERLAP = {"comm_time_us": "number", "overlap_time_us": "number", "overlap_pct": "number",
+            "exposed_comm_us": "number", "method": "text"}
+#: frame -> column -> kind of value in :meth:`TraceSummary.to_records` (int, number or None, text or None)
+RECORD_COLUMNS: dict[str, dict[str, str]] = {
+    "overlap": {"rank": "int", **_OVERLAP},
+    "overlap_by_step": {"rank": "int", "step": "int", **_OVERLAP},
+    "steps": {"rank": "int", "step": "int", "ts": "number", "dur": "number"},
+    "spans": {"rank": "int", "first_us": "number", "last_us": "number", "events": "int"},
+}
+
+
+# eq: identity (frames have no truth value); repr: the Result text
+@dataclass(repr=False, eq=False)
+class TraceSummary(Result):
+    """Per-rank analysis results of a (large) multi-rank trace; see the module docstring.
+
+    Made by ``nbt.summarize_traces(folder)`` (local processes) or
+    ``cluster.summarize_traces(pattern)`` (on the nodes holding the traces).
+    """
+
+    overlap: pd.DataFrame
+    overlap_by_step: pd.DataFrame
+    steps: pd.DataFrame
+    spans: pd.DataFrame
+    info: dict[int, RankInfo]
+    step_labels: list[str] = field(default_factory=list)
+    include_last_step: bool = False
+    notes: list[str] = field(default_factory=list)
+    #: trace file -> why it was skipped (corrupt, truncated, not a trace)
+    failed: dict[str, str] = field(default_factory=dict)
+    #: ranks below the world size that no file holds
+    missing_ranks: list[int] = field(default_factory=list)
+    #: where per-rank events were cached as Parquet (None: not cached)
+    cache_dir: str | None = None
+
+    # ----------------------------------------------------------------- access
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.info)
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {i.world_size for i in self.info.values() if i.world_size is not None}
+        return max(sizes) if sizes else None
+
+    @property
+    def sources(self) -> dict[int, str]:
+        """rank -> the trace file it came from."""
+        return {r: self.info[r].source for r in self.ranks}
+
+    def stragglers(self, *, threshold_pct: float = 5.0) -> StragglerReport:
+        """``nbt.stragglers`` of the summarized ranks (same numbers as on the full Trace)."""
+        from nbtoolkit.trace.stragglers import summary_stragglers
+
+        return summary_stragglers(self, threshold_pct=threshold_pct)
+
+    def load_ranks(self, ranks: Iterable[int]) -> Trace:
+        """The events of the chosen ranks as a Trace (from the cache when the summary has one)."""
+        chosen = sorted(set(ranks))
+        unknown = [r for r in chosen if r not in self.info]
+        if unknown:
+            raise TraceError(f"ranks {unknown} are not in this summary; ranks present: {_short(self.ranks)}")
+        from nbtoolkit.trace.summarize_folder import load_summary_ranks
+
+        return load_summary_ranks(self, chosen)
+
+    def figures(self, *, top: int = 4) -> Any:
+        """The scale views: rank x step heatmaps, overlap distribution, straggler ranking + lanes."""
+        from nbtoolkit.trace.scale_views import summary_figures
+
+        return summary_figures(self, top=top)
+
+    # ---------------------------------------------------------------- records
+    def to_records(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, numbers): what a worker or a node sends back, and the cache holds.
+
+        Building DataFrames costs about a millisecond each; hundreds of ranks are combined from
+        records and the frames are built once (:meth:`from_records`).
+        """
+        data: dict[str, Any] = {
+            "include_last_step": self.include_last_step,
+            "step_labels": list(self.step_labels),
+            "notes": list(self.notes),
+            "info": [self.info[r].to_json() for r in self.ranks],
+        }
+        for name in FRAMES:
+            frame = getattr(self, name)
+            # column by column: DataFrame.to_dict("list") costs several times more on small frames
+            data[name] = {
+                "columns": list(frame.columns),
+                "data": {c: frame[c].tolist() for c in frame.columns},
+            }
+        return data
+
+    @classmethod
+    def from_records(cls, parts: Iterable[dict[str, Any]], *, notes: Iterable[str] = ()) -> TraceSummary:
+        """One summary from the records of disjoint rank sets (:meth:`to_records`); frames built once."""
+        import pandas as pd
+
+        from nbtoolkit.trace.trace import RankInfo
+
+        parts = list(parts)
+        if not parts:
+            raise TraceError("TraceSummary.from_records() got no records")
+        info: dict[int, RankInfo] = {}
+        for part in parts:
+            for entry in part["info"]:
+                rank_info = RankInfo.from_json(entry)
+                if rank_info.rank in info:
+                    raise TraceError(
+                        f"rank {rank_info.rank} appears twice ({info[rank_info.rank].source} and "
+                        f"{rank_info.source}); keep one trace per rank"
+                    )
+                info[rank_info.rank] = rank_info
+        frames = {}
+        for name in FRAMES:
+            columns = parts[0][name]["columns"]
+            merged: dict[str, list[Any]] = {c: [] for c in columns}
+            for part in parts:
+                for c in columns:
+                    merged[c].extend(part[name]["data"].get(c, []))
+            keys = ["rank", "step"] if "step" in columns else ["rank"]
+            frame = pd.DataFrame(merged, columns=columns)
+            frames[name] = frame.sort_values(keys, kind="stable", ignore_index=True) if len(frame) else frame
+        all_notes = [n for p in parts for n in p["notes"]]
+        return cls(
+            **frames,
+            info=dict(sorted(info.items())),
+            step_labels=sorted({label for p in parts for label in p["step_labels"]}),
+            include_last_step=bool(parts[0]["include_last_step"]),
+            notes=list(dict.fromkeys([*notes, *all_notes])),
+        )
+
+    # ---------------------------------------------------------------- combine
+    @classmethod
+    def combine(cls, parts: Iterable[TraceSummary], *, notes: Iterable[str] = ()) -> TraceSummary:
+        """One summary from summaries of disjoint rank sets (e.g. one per worker or node)."""
+        import pandas as pd
+
+        parts = list(parts)
+        if not parts:
+            raise TraceError("TraceSummary.combine() got no summaries")
+        info: dict[int, RankInfo] = {}
+        for part in parts:
+            for rank, rank_info in part.info.items():
+                if rank in info:
+                    raise TraceError(
+                        f"rank {rank} appears twice ({info[rank].source} and {rank_info.source}); "
+                        "keep one trace per rank"
+                    )
+                info[rank] = rank_info
+
+        def cat(name: str, keys: list[str]) -> pd.DataFrame:
+            frames = [getattr(p, name) for p in parts if len(getattr(p, name))]
+            if not frames:
+                return getattr(parts[0], name)
+            return pd.concat(frames, ignore_index=True).sort_values(keys, ignore_index=True)
+
+        all_notes = [n for p in parts for n in p.notes]
+        return cls(
+            overlap=cat("overlap", ["rank"]),
+            overlap_by_step=cat("overlap_by_step", ["rank", "step"]),
+            steps=cat("steps", ["rank", "step"]),
+            spans=cat("spans", ["rank"]),
+            info=dict(sorted(info.items())),
+            step_labels=sorted({label for p in parts for label in p.step_labels}),
+            include_last_step=parts[0].include_last_step,
+            notes=list(dict.fromkeys([*notes, *all_notes])),
+            failed={k: v for p in parts for k, v in p.failed.items()},
+            missing_ranks=sorted({r for p in parts for r in p.missing_ranks}),
+            cache_dir=parts[0].cache_dir,
+        )
+
+    # ---------------------------------------------------------------- display
+    def _headline(self) -> str:
+        ranks = self.ranks
+        overlap = self.overlap["overlap_pct"].dropna()
+        text = f"TraceSummary: {len(ranks)} rank(s)"
+        if self.world_size:
+            text += f" of world size {self.world_size}"
+        if len(overlap):
+            text += (
+                f"; overlap {overlap.median():.1f} % median"
+                f" (min {overlap.min():.1f} % on rank {int(self.overlap.loc[overlap.idxmin(), 'rank'])},"
+                f" max {overlap.max():.1f} %)"
+            )
+        return text
+
+    def _problems(self) -> list[str]:
+        lines = [f"skipped {_name(f)}: {why}" for f, why in sorted(self.failed.items())]
+        if self.missing_ranks:
+            lines.append(f"missing ranks (no trace file): {_short(self.missing_ranks)}")
+        return lines + list(self.notes)
+
+    def _text(self) -> str:
+        lines = [self._headline()]
+        if len(self.info) >= 2:
+            lines.append(self.stragglers()._headline())
+        worst = self.overlap.sort_values("exposed_comm_us", ascending=False).head(5)
+        if len(worst):
+            lines.append("Most exposed communication:")
+            lines += [
+                f"  rank {int(r.rank):5d}  {r.exposed_comm_us / 1e3:10.3f} ms exposed  "
+                f"{r.overlap_pct:5.1f} % overlap"
+                for r in worst.itertuples(index=False)
+            ]
+        problems = self._problems()
+        if problems:
+            lines.append("Notes:")
+            lines += [f"  - {p}" for p in problems]
+        return "\n".join(lines)
+
+    def _html(self) -> str:
+        parts = [f"<div class='nbt-trace-summary'><b>{escape(self._headline())}</b>"]
+        if len(self.info) >= 2:
+            parts.append(f"<p>{escape(self.stragglers()._headline())}</p>")
+        worst = self.overlap.sort_values("exposed_comm_us", ascending=False).head(10)
+        parts.append("<p>Most exposed communication (µs)</p>" + html_table(worst, float_format="{:,.1f}"))
+        problems = self._problems()
+        if problems:
+            parts.append("<ul>" + "".join(f"<li>{escape(p)}</li>" for p in problems) + "</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _short(ranks: list[int]) -> str:
+    return str(ranks) if len(ranks) <= 16 else f"[{', '.join(map(str, ranks[:16]))}, ...] ({len(ranks)})"
+
+
+def records_problem(records: Any) -> str:
+    """What is wrong with ``records`` (:meth:`TraceSummary.to_records`'s shape), or "" when nothing is.
+
+    What a summary cache is checked with before it is used: an edited or damaged cache entry is
+    then read again from its trace, never a KeyError in :meth:`TraceSummary.from_records`.
+    """
+    import math
+
+    from nbtoolkit.core.saved import BOOL, TEXT, list_of
+    from nbtoolkit.trace.trace import RankInfo
+
+    if not isinstance(records, dict):
+        return "not a JSON object"
+    if not BOOL.ok(records.get("include_last_step")):
+        return "'include_last_step' is not true or false"
+    for key in ("step_labels", "notes"):
+        if not list_of(TEXT).ok(records.get(key)):
+            return f"{key!r} is not a list of strings"
+    entries = records.get("info")
+    if not isinstance(entries, list) or not entries:
+        return "'info' is not a list of rank metadata"
+    try:
+        ranks = {RankInfo.from_json(entry, "the cached rank metadata").rank for entry in entries}
+    except TraceError as exc:
+        return str(exc)
+    kinds = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
+        "number": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and not (isinstance(v, float) and math.isinf(v))),
+        "text": lambda v: v is None or isinstance(v, str),
+    }
+    for name, columns in RECORD_COLUMNS.items():
+        part = records.get(name)
+        if not isinstance(part, dict) or not isinstance(part.get("data"), dict):
+            return f"{name!r} is not a frame"
+        if part.get("columns") != list(columns) or set(part["data"]) != set(columns):
+            return f"{name!r} does not have the columns {list(columns)}"
+        lengths = {len(v) if isinstance(v, list) else -1 for v in part["data"].values()}
+        if len(lengths) != 1 or -1 in lengths:
+            return f"{name!r} has columns of different lengths"
+        for column, kind in columns.items():
+            if not all(map(kinds[kind], part["data"][column])):
+                return f"{name}.{column} holds a value that is not {'an integer' if kind == 'int' else kind}"
+        if not set(part["data"]["rank"]) <= ranks:
+            return f"{name!r} names ranks its metadata does not list"
+    return ""
+

@@ -1,1 +1,0 @@
-"""Views: figures, widgets and HTML for model objects. Plotting libraries are imported inside functions."""
