@@ -50,9 +50,9 @@ def main() -> None:
 
     import plotly.graph_objects as go
 
-    from nbtoolkit.memory.timeline_analysis import running_total
-    from nbtoolkit.memory.timeline import MemoryTimeline
     from nbtoolkit.memory.figures import timeline_figure
+    from nbtoolkit.memory.timeline import MemoryTimeline
+    from nbtoolkit.memory.timeline_analysis import running_total
 
     frame = synthetic_events(args.events)
     start = time.perf_counter()

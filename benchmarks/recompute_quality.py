@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 import nbtoolkit as nbt
-from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.apply_compile import compile_model
+from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.measure import profile_memory_series
 
 HIDDEN = [64, 768, 128, 512, 256]  # 5 blocks: 32 subsets for the brute force

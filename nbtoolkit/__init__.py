@@ -79,7 +79,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "memory_by": "nbtoolkit.memory.breakdown",
     "memory_diff": "nbtoolkit.memory.diff",
     "memory_timeline": "nbtoolkit.memory.capture",
-    "memory_widget": "nbtoolkit.timeline.widget",
+    "memory_widget": "nbtoolkit.memory.timeline_widget",
     "mfu_chart": "nbtoolkit.metrics.figures",
     "optimize": "nbtoolkit.recompute.optimize",
     "optimize_panel": "nbtoolkit.recompute.panel",
@@ -91,7 +91,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "stragglers": "nbtoolkit.trace.stragglers",
     "summarize_traces": "nbtoolkit.trace.summarize_folder",
     "temporal_breakdown": "nbtoolkit.trace.breakdown",
-    "timeline_widget": "nbtoolkit.timeline.widget",
+    "timeline_widget": "nbtoolkit.trace.timeline_widget",
 }
 
 _EAGER_EXPORTS = [
@@ -124,9 +124,9 @@ def memory_imbalance(ranks: Any) -> MemoryImbalance:
     ``ranks``: a RankMemory, ``{rank: snapshot or timeline}``, a list in rank order, or a folder of
     per-rank snapshots. A folder is read here (``nbt.load_rank_snapshots``): the analysis reads no files.
     """
+    from nbtoolkit.core.inputs import is_path
     from nbtoolkit.memory.diff import memory_imbalance as imbalance_of
     from nbtoolkit.memory.snapshot_ranks import load_rank_snapshots
-    from nbtoolkit.core.inputs import is_path
 
     return imbalance_of(load_rank_snapshots(ranks) if is_path(ranks) else ranks)
 
@@ -159,46 +159,47 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 if TYPE_CHECKING:  # give type checkers and IDEs the real names
-    from nbtoolkit.trace.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
-    from nbtoolkit.trace.critical_path_analysis import critical_path, critical_path_by_rank
-    from nbtoolkit.trace.diff import compare
-    from nbtoolkit.memory.breakdown import memory_by
-    from nbtoolkit.memory.diff import memory_diff
-    from nbtoolkit.trace.overlap import comm_comp_overlap
-    from nbtoolkit.trace.roofline_analysis import roofline
-    from nbtoolkit.trace.stragglers import stragglers
-    from nbtoolkit.compile.capture import capture_graphs
-    from nbtoolkit.memory.capture import memory_timeline
-    from nbtoolkit.trace.profile import profile
-    from nbtoolkit.metrics.measure import step_metrics
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.core.datasets import locate_data
-    from nbtoolkit.compile.log_reader import load_compile_log
     from nbtoolkit.cluster.flight_recorder import load_flight_recorder
-    from nbtoolkit.trace.kineto import load_trace
-    from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline
+    from nbtoolkit.cluster.hang import HangReport
+    from nbtoolkit.compile.capture import capture_graphs
+    from nbtoolkit.compile.log_reader import load_compile_log
+    from nbtoolkit.compile.report import GraphComparison, GraphReport
+    from nbtoolkit.core.datasets import locate_data
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.memory.breakdown import memory_by
+    from nbtoolkit.memory.capture import memory_timeline
+    from nbtoolkit.memory.diff import memory_diff
+    from nbtoolkit.memory.rank_memory import RankMemory
+    from nbtoolkit.memory.reports import MemoryDiff, MemoryImbalance
+    from nbtoolkit.memory.snapshot import MemorySnapshot
     from nbtoolkit.memory.snapshot_export import export_memory_snapshot
     from nbtoolkit.memory.snapshot_ranks import load_rank_snapshots
-    from nbtoolkit.trace.summarize_folder import summarize_traces
-    from nbtoolkit.recompute.comparison import Comparison, Measurement
-    from nbtoolkit.trace.critical_path import CriticalPath
-    from nbtoolkit.compile.report import GraphComparison, GraphReport
-    from nbtoolkit.cluster.hang import HangReport
-    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline
     from nbtoolkit.memory.timeline import MemoryTimeline
-    from nbtoolkit.memory.reports import MemoryDiff, MemoryImbalance
-    from nbtoolkit.metrics.step_metrics import StepMetrics
-    from nbtoolkit.recompute.plan import RecomputePlan
-    from nbtoolkit.memory.rank_memory import RankMemory
-    from nbtoolkit.trace.roofline import Roofline
-    from nbtoolkit.memory.snapshot import MemorySnapshot
-    from nbtoolkit.trace.trace import Trace
-    from nbtoolkit.trace.summary import TraceSummary
-    from nbtoolkit.recompute.optimize import optimize
-    from nbtoolkit.recompute.config import OptimizeConfig, RecomputeConfig
-    from nbtoolkit.recompute.planner import plan_recompute
+    from nbtoolkit.memory.timeline_widget import memory_widget
     from nbtoolkit.metrics.figures import mfu_chart
+    from nbtoolkit.metrics.measure import step_metrics
+    from nbtoolkit.metrics.step_metrics import StepMetrics
+    from nbtoolkit.recompute.comparison import Comparison, Measurement
+    from nbtoolkit.recompute.config import OptimizeConfig, RecomputeConfig
+    from nbtoolkit.recompute.optimize import optimize
     from nbtoolkit.recompute.panel import optimize_panel
+    from nbtoolkit.recompute.plan import RecomputePlan
+    from nbtoolkit.recompute.planner import plan_recompute
     from nbtoolkit.report.report import report
-    from nbtoolkit.timeline.widget import memory_widget, timeline_widget
+    from nbtoolkit.trace.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.trace.critical_path import CriticalPath
+    from nbtoolkit.trace.critical_path_analysis import critical_path, critical_path_by_rank
+    from nbtoolkit.trace.diff import compare
+    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.trace.overlap import comm_comp_overlap
+    from nbtoolkit.trace.profile import profile
+    from nbtoolkit.trace.roofline import Roofline
+    from nbtoolkit.trace.roofline_analysis import roofline
+    from nbtoolkit.trace.stragglers import stragglers
+    from nbtoolkit.trace.summarize_folder import summarize_traces
+    from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.timeline_widget import timeline_widget
+    from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.views import OverlapReport, TraceReport

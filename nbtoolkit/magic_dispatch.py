@@ -1,14 +1,13 @@
 """The ``%nbt`` / ``%%nbt`` dispatcher: split the line, find the subcommand, parse, call, store.
 
-It holds no feature logic. Subcommands live in the other modules of this package and
-register themselves (see ``_registry``); this module discovers them by listing the
-package, so a new subcommand is a new module and nothing here changes.
+It holds no feature logic. Each feature's ``magic`` module registers its subcommands with
+:func:`nbtoolkit.core.magic_registry.register` when imported; :func:`load_subcommands` imports them,
+by name, here: this module sits at the top of the house, beside the package's ``__init__``.
+A new feature's magic module is one more line in it.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import shlex
 from typing import Any
 
@@ -20,15 +19,18 @@ _loaded = False
 
 
 def load_subcommands() -> None:
-    """Import every public module of ``nbtoolkit.magics`` once, which registers its subcommands."""
+    """Import each feature's magic module once, which registers its subcommands (light: no torch)."""
     global _loaded
     if _loaded:
         return
-    import nbtoolkit.magics as package
+    import nbtoolkit.cluster.magic
+    import nbtoolkit.compile.magic
+    import nbtoolkit.memory.magic
+    import nbtoolkit.metrics.magic
+    import nbtoolkit.recompute.magic
+    import nbtoolkit.report.magic
+    import nbtoolkit.trace.magic  # noqa: F401  (each import registers its subcommands)
 
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"nbtoolkit.magics.{info.name}")
     _loaded = True
 
 

@@ -23,21 +23,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.cluster.rank_spec import rank_count
-from nbtoolkit.cluster.transfer import ClusterTransfer
-from nbtoolkit.core.errors import ClusterError, NbtUsageError
-from nbtoolkit.core.result import Result, escape
 from nbtoolkit.cluster.state import (
     COLLECTIVE_TIMEOUT_S,
     DEFAULT_RANKS,
     START_TIMEOUT_S,
     ClusterStatus,
 )
+from nbtoolkit.cluster.transfer import ClusterTransfer
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
+from nbtoolkit.core.result import Result, escape
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.connection import Attachment
     from nbtoolkit.cluster.ranks import RankGroup
-    from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["Cluster"]
 

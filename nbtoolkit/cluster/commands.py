@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from nbtoolkit.cluster.cluster import Cluster
-from nbtoolkit.cluster.rank_spec import rank_count
-from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.cluster.state import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, ClusterStatus
 from nbtoolkit.cluster.hang import HangReport
+from nbtoolkit.cluster.rank_spec import rank_count
+from nbtoolkit.cluster.state import CLUSTER_ACTIONS, COLLECTIVE_TIMEOUT_S, ClusterStatus
+from nbtoolkit.core.errors import NbtUsageError
 
 __all__ = ["cluster_command"]
 

@@ -34,10 +34,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nbtoolkit.core.errors import SnapshotError, TraceError
-from nbtoolkit.memory.snapshot_reader import restricted_loads
 from nbtoolkit.cluster.hang import CollectiveCall, HangReport, RankHang
+from nbtoolkit.core.errors import SnapshotError, TraceError
 from nbtoolkit.core.paths import user_path
+from nbtoolkit.memory.snapshot_reader import restricted_loads
 
 __all__ = ["load_flight_recorder", "parse_dump", "rank_from_dump", "read_dump", "repair_pg_config"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.state import RankCallResult
     from nbtoolkit.cluster.hang import HangReport
+    from nbtoolkit.cluster.state import RankCallResult
 
 __all__ = ["OutputCallback", "RankGroupLike", "RankProcess"]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.result import Result, escape
 from nbtoolkit.cluster.hang_records import (  # re-exported: the records were defined here first
     HANG_AFTER_ENV,
     HANG_AFTER_S,
@@ -27,6 +26,7 @@ from nbtoolkit.cluster.hang_records import (  # re-exported: the records were de
     RankHang,
     user_place,
 )
+from nbtoolkit.core.result import Result, escape
 from nbtoolkit.core.units import format_seconds
 
 if TYPE_CHECKING:

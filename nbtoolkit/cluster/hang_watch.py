@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.cluster.hang import (
     HANG_AFTER_ENV,
     HANG_AFTER_S,
@@ -29,6 +28,7 @@ from nbtoolkit.cluster.hang import (
     RankHang,
     diagnose_hang,
 )
+from nbtoolkit.core.errors import NbtUsageError
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.group_types import RankGroupLike
@@ -133,8 +133,8 @@ def _from_flight_recorder(rank: int, raw: dict[str, Any]) -> list[CollectiveCall
     """
     from dataclasses import replace
 
-    from nbtoolkit.core.errors import TraceError
     from nbtoolkit.cluster.flight_recorder import parse_dump, rank_from_dump
+    from nbtoolkit.core.errors import TraceError
 
     data = raw.get("flight_recorder")
     if not data:

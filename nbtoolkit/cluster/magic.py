@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
+from nbtoolkit.cluster.hang import HANG_AFTER_ENV, HANG_AFTER_S
 from nbtoolkit.cluster.state import (
     CLUSTER_ACTIONS,
     COLLECTIVE_TIMEOUT_S,
@@ -16,7 +16,7 @@ from nbtoolkit.cluster.state import (
     PLACEMENT_STRATEGIES,
     PROFILE_STEPS,
 )
-from nbtoolkit.cluster.hang import HANG_AFTER_ENV, HANG_AFTER_S
+from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
 
 
 def _cluster(args: Any, call: MagicCall) -> Any:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nbtoolkit.core.errors import ClusterError, NbtUsageError
 from nbtoolkit.cluster.state import PLACEMENT_STRATEGIES as STRATEGIES
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
 
 __all__ = [
     "LOCAL_RANKS_PER_CPU",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.cluster.state import DEFAULT_RANKS
+from nbtoolkit.core.errors import NbtUsageError
 
 __all__ = ["RankSpec", "parse_ranks", "rank_count"]
 

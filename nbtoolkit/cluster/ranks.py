@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.cluster.group_types import OutputCallback, RankProcess
-from nbtoolkit.core.errors import ClusterError
 from nbtoolkit.cluster.state import RankCallResult, RankFailure
+from nbtoolkit.core.errors import ClusterError
 
 if TYPE_CHECKING:
-    from nbtoolkit.cluster.hang_watch import StallWatch
     from nbtoolkit.cluster.hang import HangReport
+    from nbtoolkit.cluster.hang_watch import StallWatch
 
 __all__ = ["RankGroup"]
 

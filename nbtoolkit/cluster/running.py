@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.cluster.group_types import OutputCallback
 from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
 from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
-from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.cluster.state import PROFILE_STEPS, RemoteRun
+from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import DEFAULT_WARMUP
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nbtoolkit.core.errors import RemoteCellError
-from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.measure_config import DEFAULT_STEPS
+from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes
 
 __all__ = [
@@ -231,7 +231,8 @@ class RemoteRun(Result):
         return f", but these were built on the old group and would fail at their next collective: {named}"
 
     def raise_for_errors(self) -> None:
-        """Raise :class:`~nbtoolkit.core.errors.RemoteCellError` if any rank failed, died or was interrupted."""
+        """Raise :class:`~nbtoolkit.core.errors.RemoteCellError` if any rank failed, died or was
+        interrupted."""
         if not self.ok:
             raise RemoteCellError(self)
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     # the Cluster's running half: cluster.Cluster's methods import this module, so not the Cluster
     from nbtoolkit.cluster.running import ClusterRunning
     from nbtoolkit.trace.summarize_folder import RankOutcome
-    from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["list_trace_files_on_rank", "load_ranks_on_cluster", "summarize_on_cluster", "summarize_on_rank"]
 
@@ -67,8 +67,8 @@ def summarize_on_rank(
 
 def _load_files_on_rank(assignment: dict[int, list[str]], cache: bool) -> Trace | None:
     from nbtoolkit.trace.kineto import load_rank_file
-    from nbtoolkit.trace.trace_cache import cache_key, read_events
     from nbtoolkit.trace.trace import Trace
+    from nbtoolkit.trace.trace_cache import cache_key, read_events
 
     files = assignment.get(int(os.environ.get("RANK", "0")), [])
     parts = []

@@ -11,8 +11,8 @@ from typing import Any
 
 from nbtoolkit.cluster.rank_spec import RankSpec, parse_ranks
 from nbtoolkit.cluster.running import ClusterRunning
-from nbtoolkit.core.errors import ClusterError, NbtUsageError
 from nbtoolkit.cluster.state import FetchedFiles, RemoteRun, rank_label
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
 
 __all__ = ["FETCH_MAX_BYTES", "ClusterTransfer"]
 

@@ -63,9 +63,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.errors import NbtUsageError, StepError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.step_runner import run_steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -173,8 +173,8 @@ def capture_graphs(
     import torch
 
     from nbtoolkit.compile.log_events import CompileEventParser
-    from nbtoolkit.compile.user_source import SourcePolicy
     from nbtoolkit.compile.report import GraphReport
+    from nbtoolkit.compile.user_source import SourcePolicy
 
     original = getattr(fn, "_orig_mod", None)  # a torch.compile'd nn.Module: name the module
     name = label or (type(original).__name__ if original is not None else None)

@@ -46,6 +46,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.compile.break_text import (
+    GraphBreakText,
+    parse_graph_break_text,
+    source_context,
+)
 from nbtoolkit.compile.log_envelope import (
     CompileKey,
     as_float,
@@ -53,13 +58,8 @@ from nbtoolkit.compile.log_envelope import (
     out_of_range,
     record_kind,
 )
-from nbtoolkit.compile.break_text import (
-    GraphBreakText,
-    parse_graph_break_text,
-    source_context,
-)
-from nbtoolkit.compile.user_source import SourcePolicy
 from nbtoolkit.compile.schema import FRAME_COLUMNS
+from nbtoolkit.compile.user_source import SourcePolicy
 
 if TYPE_CHECKING:
     import pandas as pd

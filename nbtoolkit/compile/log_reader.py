@@ -40,11 +40,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from nbtoolkit.core.errors import CompileLogError
-from nbtoolkit.core.bounded import limit, limit_hint, max_read_bytes, open_regular, read_limit
 from nbtoolkit.compile.log_events import CompileEventParser
 from nbtoolkit.compile.user_source import SourcePolicy
 from nbtoolkit.compile.user_source import describe as describe_source_policy
+from nbtoolkit.core.bounded import limit, limit_hint, max_read_bytes, open_regular, read_limit
+from nbtoolkit.core.errors import CompileLogError
 from nbtoolkit.core.inputs import is_path, wrong_type
 from nbtoolkit.core.paths import user_path
 from nbtoolkit.core.units import format_bytes
@@ -74,7 +74,8 @@ def load_compile_log(
     Folders: every ``*.log`` file with at least one structured record is read; the rank
     comes from ``rank_N`` in the file name, else from the records' ``rank`` field, and is
     the ``rank`` column of every frame (compile ids in ``report.compile_ids`` then read
-    ``rank:x/y``). Other files are skipped with a note. Raises :class:`~nbtoolkit.core.errors.CompileLogError` when
+    ``rank:x/y``). Other files are skipped with a note. Raises
+    :class:`~nbtoolkit.core.errors.CompileLogError` when
     ``path`` is missing or holds no readable log, or a file is not a regular file (a FIFO, a
     device) or larger than ``max_bytes`` (default ``NBT_MAX_READ_BYTES``, else 8 GiB; see
     :mod:`nbtoolkit.core.bounded`). A record (its line and payload lines) longer than

@@ -205,8 +205,8 @@ class GraphReport(Result):
     @classmethod
     def load(cls, path: str | Path) -> GraphReport:
         """Read a report written by :meth:`save`; a damaged or edited one is an NbtUsageError naming it."""
-        from nbtoolkit.core.errors import NbtUsageError
         from nbtoolkit.compile.schema import FRAME_COLUMNS, REPORT_FIELDS
+        from nbtoolkit.core.errors import NbtUsageError
         from nbtoolkit.core.paths import shown_path
         from nbtoolkit.core.saved import check_fields, check_version, read_frame, read_json, saved_folder
 

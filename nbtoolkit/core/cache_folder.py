@@ -33,7 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_CACHE_NAME",
     "MAX_CACHED_FILE_BYTES",
+    "file_identity",
     "is_plain_folder",
     "read_cached_file",
     "usable_cache_folder",
@@ -43,10 +45,17 @@ __all__ = [
 
 #: the largest single cache file read back (a rank's summary is a few KB; generous for 10^5 steps)
 MAX_CACHED_FILE_BYTES = 256 * 1024**2
+DEFAULT_CACHE_NAME = ".nbt-cache"  # <folder>/.nbt-cache unless the caller names one (hidden: loaders skip it)
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def file_identity(file: Path) -> str:
+    """``<name>-<size>-<mtime_ns>``: what a cache entry made from ``file`` is keyed by."""
+    st = file.stat()
+    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def usable_cache_folder(folder: Path) -> tuple[Path | None, str]:

@@ -41,11 +41,11 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.memory.attribution import build_timeline
-from nbtoolkit.memory.profile import refuse_nested_profiler, run_memory_profiled, tensor_events
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.memory.attribution import build_timeline
+from nbtoolkit.memory.profile import refuse_nested_profiler, run_memory_profiled, tensor_events
 
 if TYPE_CHECKING:
     import torch

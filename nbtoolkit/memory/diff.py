@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.memory.breakdown import MemoryTimeline, as_timeline, is_snapshot, stack_bytes_at_peak
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.inputs import is_path
+from nbtoolkit.memory.breakdown import MemoryTimeline, as_timeline, is_snapshot, stack_bytes_at_peak
 from nbtoolkit.memory.reports import MemoryDiff, MemoryImbalance
 
 if TYPE_CHECKING:

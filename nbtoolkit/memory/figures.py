@@ -130,9 +130,9 @@ def timeline_figure(
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from nbtoolkit.memory.timeline_analysis import category_series, decimate, module_spans, phase_spans
-    from nbtoolkit.memory.schema import CATEGORIES
     from nbtoolkit.core.units import format_bytes
+    from nbtoolkit.memory.schema import CATEGORIES
+    from nbtoolkit.memory.timeline_analysis import category_series, decimate, module_spans, phase_spans
 
     events = timeline.events
     series = decimate(category_series(events, coalesce=True), max_points=max_points)
@@ -299,8 +299,8 @@ def module_figure(
     """
     import plotly.graph_objects as go
 
-    from nbtoolkit.memory.schema import CATEGORIES
     from nbtoolkit.core.units import format_bytes
+    from nbtoolkit.memory.schema import CATEGORIES
 
     table = timeline.by_module()
     if not include_unattributed:

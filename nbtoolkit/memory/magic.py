@@ -2,7 +2,7 @@
 
 Each shows what a script calling that function gets: the MemoryTimeline or MemorySnapshot
 and its summary. Their figures are one call away (``_nbt.figure()``) and in ``%nbt report``.
-In a widget front end (see :mod:`nbtoolkit.timeline.static`; ``--widget`` /
+In a widget front end (see :mod:`nbtoolkit.core.magic_display`; ``--widget`` /
 ``--static`` decide per call) the zoomable memory widget shows above the summary and is kept
 as ``NAME_widget`` (``_nbt_widget`` by default) so that ``_nbt_widget.selected`` reads a click.
 """
@@ -20,8 +20,8 @@ _NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS
 
 
 def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
-    from nbtoolkit.memory.capture import memory_timeline
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
+    from nbtoolkit.memory.capture import memory_timeline
 
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
     with DelayedProgress(f"recording the cell's memory (runs: {args.steps or 1})", delay_s=CELL_DELAY_S):
@@ -68,7 +68,7 @@ def _show_memory_widget(args: argparse.Namespace, call: MagicCall, source: Any) 
         return
     from IPython.display import display
 
-    from nbtoolkit.timeline.widget import memory_widget
+    from nbtoolkit.memory.timeline_widget import memory_widget
 
     widget = memory_widget(source)
     call.user_ns[f"{args.name}_widget"] = widget

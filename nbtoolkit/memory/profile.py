@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.core.errors import CaptureError
 from nbtoolkit.core.native_stderr import native_stderr_silenced
 from nbtoolkit.core.step_runner import synchronize
-from nbtoolkit.core.errors import CaptureError
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.memory.timeline import MemoryTimeline
-from nbtoolkit.memory.schema import category_columns  # re-exported: defined here first
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.memory.schema import category_columns  # re-exported: defined here first
+from nbtoolkit.memory.timeline import MemoryTimeline
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.units import format_bytes, memory_viz_size
 from nbtoolkit.memory.snapshot_capacity import capacity_check, impossible_notes
 from nbtoolkit.memory.snapshot_columns import SnapshotColumns, SnapshotFilter
 from nbtoolkit.memory.snapshot_stacks import StackLimits
 from nbtoolkit.memory.snapshot_timeline import snapshot_events
-from nbtoolkit.core.units import format_bytes, memory_viz_size
 
 if TYPE_CHECKING:
     import pandas as pd

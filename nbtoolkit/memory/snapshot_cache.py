@@ -25,9 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nbtoolkit.core.cache_folder import (
+    DEFAULT_CACHE_NAME,
+    file_identity,
+    is_plain_folder,
+    usable_cache_folder,
+    write_cached_folder,
+)
 from nbtoolkit.core.errors import SnapshotError
-from nbtoolkit.core.cache_folder import is_plain_folder, usable_cache_folder, write_cached_folder
-from nbtoolkit.trace.trace_cache import DEFAULT_CACHE_NAME, file_identity
 
 if TYPE_CHECKING:
     from nbtoolkit.memory.snapshot import MemorySnapshot

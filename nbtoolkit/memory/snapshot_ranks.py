@@ -43,8 +43,8 @@ def load_rank_snapshots(folder: str | Path, *, device: int | None = None, **load
     ``device``: which device of each snapshot (default: the one with the most trace entries);
     ``load``: passed to ``load_memory_snapshot`` (``time_range_us=``, ``max_bytes=``, ``stream=``...).
     """
-    from nbtoolkit.memory.snapshot_reader import load_memory_snapshot
     from nbtoolkit.memory.rank_memory import RankMemory
+    from nbtoolkit.memory.snapshot_reader import load_memory_snapshot
 
     if not is_path(folder):
         raise wrong_type("load_rank_snapshots()", "a folder of per-rank snapshot files", folder)

@@ -41,19 +41,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.core.bounded import read_all, read_limit
+from nbtoolkit.core.errors import NbtError, NbtUsageError, SnapshotError
+from nbtoolkit.core.inputs import is_path, wrong_type
+from nbtoolkit.core.paths import user_path
+from nbtoolkit.core.units import parse_bytes
+from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from nbtoolkit.memory.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.memory.snapshot_stream import stack_limits
-from nbtoolkit.core.inputs import is_path, wrong_type
 from nbtoolkit.memory.timeline import CATEGORIES
-from nbtoolkit.core.paths import user_path
-from nbtoolkit.memory.snapshot_columns import SnapshotFilter
-from nbtoolkit.core.units import parse_bytes
 
 if TYPE_CHECKING:
-    from nbtoolkit.memory.timeline import MemoryTimeline
     from nbtoolkit.memory.snapshot import MemorySnapshot
+    from nbtoolkit.memory.timeline import MemoryTimeline
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_ROWS",

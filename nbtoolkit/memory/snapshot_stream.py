@@ -43,10 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from nbtoolkit.core.errors import SnapshotError
 from nbtoolkit.core.bounded import CorruptGzip, inflate, limit, limit_hint, max_read_bytes, open_regular
-from nbtoolkit.memory.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
+from nbtoolkit.core.errors import SnapshotError
 from nbtoolkit.memory.snapshot_columns import SnapshotColumns, SnapshotFilter
+from nbtoolkit.memory.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.memory.snapshot_stacks import StackLimits
 
 if TYPE_CHECKING:

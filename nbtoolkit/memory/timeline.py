@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.memory.schema import CATEGORIES, EVENT_COLUMNS, PHASES
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.memory.schema import CATEGORIES, EVENT_COLUMNS, PHASES
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from nbtoolkit.timeline.lod import check_window
 from nbtoolkit.memory.timeline import CATEGORIES
+from nbtoolkit.timeline.lod import check_window
 
 if TYPE_CHECKING:
     from nbtoolkit.memory.timeline import MemoryTimeline

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.metrics.step_metrics import StepMetrics, metrics_frame
 from nbtoolkit.core.units import format_flop_rate
+from nbtoolkit.metrics.step_metrics import StepMetrics, metrics_frame
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

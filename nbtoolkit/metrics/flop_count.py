@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.step_runner import call_step
 from nbtoolkit.core.errors import MetricsError
+from nbtoolkit.core.step_runner import call_step
 from nbtoolkit.metrics.step_metrics import MODULE_COLUMNS, OP_COLUMNS
 
 if TYPE_CHECKING:

@@ -25,11 +25,11 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.metrics.flop_count import FlopCounts, count_step_flops
-from nbtoolkit.metrics.peak_flops import device_name, given_peak, measure_matmul_peak, resolve_peak
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.errors import MetricsError, NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.metrics.flop_count import FlopCounts, count_step_flops
+from nbtoolkit.metrics.peak_flops import device_name, given_peak, resolve_peak
 from nbtoolkit.metrics.step_metrics import (
     StepMetrics,
     attach_step_metrics,

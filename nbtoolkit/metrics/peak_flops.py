@@ -14,9 +14,9 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.errors import MetricsError, NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.core.step_runner import run_steps
 
 if TYPE_CHECKING:
     import torch

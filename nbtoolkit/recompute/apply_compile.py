@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.recompute.handle import Applied, replace_forward
 from nbtoolkit.recompute.checkpoint import check_module
+from nbtoolkit.recompute.handle import Applied, replace_forward
 
 if TYPE_CHECKING:
     import torch

@@ -29,9 +29,9 @@ from typing import Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import DEFAULT_STEPS, ENV_STEPS, ENV_WARMUP, MeasureConfig
+from nbtoolkit.core.units import DeviceShare, parse_budget
 from nbtoolkit.recompute.amp import AMP_DTYPES
 from nbtoolkit.recompute.apply_compile import compile_options
-from nbtoolkit.core.units import DeviceShare, parse_budget
 
 __all__ = [
     "ENV_BUDGET",

@@ -42,12 +42,12 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.step_runner import call_step, run_steps, step_name
 from nbtoolkit.memory import profile as memory_profile
 from nbtoolkit.memory.profile import MARK_PREFIX, MemorySeries, mark
-from nbtoolkit.core.step_runner import call_step, run_steps, step_name
-from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.recompute.comparison import Measurement
-from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 
 __all__ = [
     "MARK_PREFIX",

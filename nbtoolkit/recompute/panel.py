@@ -261,8 +261,8 @@ def optimize_panel(
     as ``"1.5GB"``, or on a GPU a share such as ``"90%"``.
     """
     from nbtoolkit.core.device_memory import budget_bytes_for, model_device
-    from nbtoolkit.recompute.planner import plan_recompute
     from nbtoolkit.core.units import parse_budget
+    from nbtoolkit.recompute.planner import plan_recompute
 
     # the one budget parser (units.parse_budget), as nbt.optimize reads it: same text, same error
     budget = None if budget_bytes is None else parse_budget(budget_bytes)

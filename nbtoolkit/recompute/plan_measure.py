@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.device_memory import model_gpu
-from nbtoolkit.memory.profile import TOTAL_UNKNOWN, MemorySeries, mark
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig
-from nbtoolkit.recompute.costs import RecomputeCosts
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.memory.profile import TOTAL_UNKNOWN, MemorySeries, mark
 from nbtoolkit.recompute.checkpoint import checkpoint_blocks
+from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.recompute.measure import profile_memory_series, run_step
 
 if TYPE_CHECKING:

@@ -72,17 +72,17 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
 from nbtoolkit.core.device_memory import budget_bytes_for, model_device, model_gpu
 from nbtoolkit.core.errors import NbtUsageError, PlanError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.recompute.plan import RecomputePlan
-from nbtoolkit.recompute.costs import RecomputeCosts
+from nbtoolkit.core.units import format_bytes, parse_bytes
 from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.recompute.config import RecomputeConfig
+from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
+from nbtoolkit.recompute.plan import RecomputePlan
 from nbtoolkit.recompute.plan_measure import measure_recompute_costs, measurement_runs
-from nbtoolkit.core.units import format_bytes, parse_bytes
+from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
 
 if TYPE_CHECKING:
     import torch

@@ -30,8 +30,8 @@ from nbtoolkit.core.errors import PlanError
 from nbtoolkit.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from nbtoolkit.recompute.plan import RecomputePlan
     from nbtoolkit.recompute.costs import RecomputeCosts
+    from nbtoolkit.recompute.plan import RecomputePlan
 
 __all__ = [
     "BUDGET_KINDS",

@@ -22,10 +22,10 @@ from typing import Any, Protocol, Union
 
 import msgspec
 
-from nbtoolkit.core.errors import TraceError
-from nbtoolkit.trace._kineto_wording import BOM, refuse_duplicate_events, syntax_error
 from nbtoolkit.core.bounded import json_depth, open_regular, read_all, too_deep
+from nbtoolkit.core.errors import TraceError
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.trace._kineto_wording import BOM, refuse_duplicate_events, syntax_error
 
 __all__ = [
     "CHUNK_BYTES",

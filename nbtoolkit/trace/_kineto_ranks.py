@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nbtoolkit.trace._kineto_json import Document
 from nbtoolkit.core.bounded import limit, limit_hint
+from nbtoolkit.trace._kineto_json import Document
 
 if TYPE_CHECKING:
     import pandas as pd

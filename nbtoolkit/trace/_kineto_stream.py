@@ -29,10 +29,6 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from nbtoolkit.core.errors import TraceError
-from nbtoolkit.trace import _kineto_json as kj
-from nbtoolkit.trace._kineto_json import Document, EventSink, NotATrace, StreamingFallback
-from nbtoolkit.trace._kineto_wording import BOM, refuse_duplicate_events, syntax_error
 from nbtoolkit.core.bounded import (
     CorruptGzip,
     inflate,
@@ -45,7 +41,11 @@ from nbtoolkit.core.bounded import (
     read_chunks,
     too_deep,
 )
+from nbtoolkit.core.errors import TraceError
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.trace import _kineto_json as kj
+from nbtoolkit.trace._kineto_json import Document, EventSink, NotATrace, StreamingFallback
+from nbtoolkit.trace._kineto_wording import BOM, refuse_duplicate_events, syntax_error
 
 __all__ = ["stream_file"]
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbtoolkit.core.inputs import as_trace
 from nbtoolkit.trace import _kernels as k
 from nbtoolkit.trace._intervals import intersection_length, self_times
-from nbtoolkit.core.inputs import as_trace
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -22,15 +22,15 @@ import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from nbtoolkit.core.bounded import read_limit
 from nbtoolkit.core.errors import TraceError
+from nbtoolkit.core.inputs import is_path, wrong_type
+from nbtoolkit.core.paths import user_path
+from nbtoolkit.core.profiler_steps import host_steps, steps_table
 from nbtoolkit.trace._kineto_columns import EventColumns
 from nbtoolkit.trace._kineto_json import NotATrace, StreamingFallback, decode_document, read_bytes
 from nbtoolkit.trace._kineto_ranks import check_same_job, detect_device_type, read_rank_info
 from nbtoolkit.trace._kineto_stream import stream_file
-from nbtoolkit.core.bounded import read_limit
-from nbtoolkit.core.inputs import is_path, wrong_type
-from nbtoolkit.core.paths import user_path
-from nbtoolkit.core.profiler_steps import host_steps, steps_table
 from nbtoolkit.trace.trace import Trace
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from nbtoolkit.trace._kineto_json import read_bytes
 from nbtoolkit.core.bounded import json_depth
+from nbtoolkit.trace._kineto_json import read_bytes
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -10,8 +10,8 @@ from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subco
 
 
 def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
-    from nbtoolkit.trace.profile import profile
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
+    from nbtoolkit.trace.profile import profile
 
     label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded)"
     with DelayedProgress(label, delay_s=CELL_DELAY_S):
@@ -35,14 +35,14 @@ def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.trace.kineto import load_trace
-    from nbtoolkit.timeline.static import TraceReportWithWidget
+    from nbtoolkit.trace.timeline_widget import TraceReportWithWidget
     from nbtoolkit.trace.views import TraceReport
 
     trace = load_trace(call.resolve(args.traces))
     report = TraceReport.of(trace)
     if not show_widget(args):
         return report
-    from nbtoolkit.timeline.widget import timeline_widget
+    from nbtoolkit.trace.timeline_widget import timeline_widget
 
     return TraceReportWithWidget.of_report(report, timeline_widget(trace))
 

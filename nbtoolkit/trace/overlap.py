@@ -35,19 +35,19 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
-from nbtoolkit.trace import _kernels as k
-from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.inputs import as_trace
 from nbtoolkit.core.profiler_steps import step_number_table
+from nbtoolkit.trace import _kernels as k
+from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
 
 if TYPE_CHECKING:
     from os import PathLike
 
     import pandas as pd
 
-    from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 

@@ -61,9 +61,9 @@ def profile(
     inside ``fn`` leaves no profiler running; the exception propagates unchanged.
     The value ``fn`` returned last is kept in ``trace.value``.
     """
-    from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
     from nbtoolkit.trace.kineto import load_trace
     from nbtoolkit.trace.kineto_args import attach_event_args
+    from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
 
     measure = measure_config(config, steps=steps, warmup=warmup)
 
@@ -98,8 +98,8 @@ def profile(
 
 def _attach_step_metrics(trace: Trace, fn: Callable[[], Any], tokens_per_step: int | None) -> None:
     """Count FLOPs of one more call of ``fn`` and rate them against the profiled step times."""
-    from nbtoolkit.metrics.measure import step_metrics_from_times
     from nbtoolkit.core.errors import MetricsError
+    from nbtoolkit.metrics.measure import step_metrics_from_times
 
     durations_us = trace.steps["dur"].tolist() if len(trace.steps) else []
     step_times_s = [float(d) / 1e6 for d in durations_us]

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.trace.collective_bandwidth import collective_bandwidth
+from nbtoolkit.core.errors import TraceError
 from nbtoolkit.metrics.device_bandwidth import lookup_bandwidth
 from nbtoolkit.metrics.device_peaks import lookup_peak, precision_of
+from nbtoolkit.trace.collective_bandwidth import collective_bandwidth
 from nbtoolkit.trace.op_costs import op_class, op_cost
-from nbtoolkit.core.errors import TraceError
 from nbtoolkit.trace.roofline import RATE_COLUMNS, Roofline
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from typing import Any
 
 import msgspec
 
-from nbtoolkit.core.errors import NbtUsageError, TraceError
 from nbtoolkit.core.bounded import read_all
+from nbtoolkit.core.errors import NbtUsageError, TraceError
 
 __all__ = ["MANIFEST_SUFFIX", "ScaleSet", "manifest_path", "write_scale_set"]
 

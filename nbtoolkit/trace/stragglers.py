@@ -29,8 +29,8 @@ from nbtoolkit.core.inputs import as_trace
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.trace import StragglerReport, Trace
     from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.trace import StragglerReport, Trace
 
 __all__ = ["stragglers", "summary_stragglers"]
 

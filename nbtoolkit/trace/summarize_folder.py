@@ -31,16 +31,16 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from nbtoolkit.core.cache_folder import DEFAULT_CACHE_NAME, usable_cache_folder
 from nbtoolkit.core.errors import NbtUsageError, TraceError
-from nbtoolkit.core.cache_folder import usable_cache_folder
-from nbtoolkit.trace.trace_cache import DEFAULT_CACHE_NAME, cache_key, read_events, read_summary, write_rank
 from nbtoolkit.core.paths import user_path
+from nbtoolkit.trace.trace_cache import cache_key, read_events, read_summary, write_rank
 
 if TYPE_CHECKING:
     from os import PathLike
 
-    from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["RankOutcome", "summarize_files", "summarize_traces", "trace_files_of"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from nbtoolkit.trace.overlap import overlap_by_rank_and_step
 from nbtoolkit.core.profiler_steps import profiler_step_names
+from nbtoolkit.trace.overlap import overlap_by_rank_and_step
 from nbtoolkit.trace.summary import SPAN_COLUMNS, TraceSummary
 
 if TYPE_CHECKING:

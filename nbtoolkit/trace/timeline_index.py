@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from nbtoolkit.timeline.lod import LaneIndex, LaneView, _longest_rows, build_lane, check_window
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.profiler_steps import PROFILER_STEP_PREFIX
+from nbtoolkit.timeline.lod import LaneIndex, LaneView, _longest_rows, build_lane, check_window
 
 if TYPE_CHECKING:
     from nbtoolkit.trace.trace import Trace

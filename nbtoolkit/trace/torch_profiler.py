@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nbtoolkit.core.native_stderr import native_stderr_silenced
-from nbtoolkit.core.step_runner import synchronize as device_synchronize
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
 from nbtoolkit.core.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
+from nbtoolkit.core.native_stderr import native_stderr_silenced
 from nbtoolkit.core.profiler_steps import profiler_step_label
+from nbtoolkit.core.step_runner import synchronize as device_synchronize
 
 __all__ = ["record_step_trace", "temporary_trace_file"]
 

@@ -17,41 +17,33 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.errors import TraceError
 from nbtoolkit.core.cache_folder import (
+    file_identity,
     is_plain_folder,
     read_cached_file,
     usable_cache_folder,
     write_cached_file,
     write_cached_folder,
 )
+from nbtoolkit.core.errors import TraceError
 
 if TYPE_CHECKING:
     from nbtoolkit.trace.trace import Trace
 
 __all__ = [
     "CACHE_FORMAT",
-    "DEFAULT_CACHE_NAME",
     "cache_key",
-    "file_identity",
     "read_events",
     "read_summary",
     "write_rank",
 ]
 
 CACHE_FORMAT = 2
-DEFAULT_CACHE_NAME = ".nbt-cache"
 
 
 def cache_key(file: Path) -> str:
     """``<name>-<size>-<mtime_ns>-v<format>``: changes whenever the file does."""
     return f"{file_identity(file)}-v{CACHE_FORMAT}"
-
-
-def file_identity(file: Path) -> str:
-    """``<name>-<size>-<mtime_ns>``: what a cache entry made from ``file`` is keyed by."""
-    st = file.stat()
-    return f"{file.name}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def read_summary(

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nbtoolkit.core.result import Result, html_table
 from nbtoolkit.core.profiler_steps import PROFILER_STEP_PREFIX
+from nbtoolkit.core.result import Result, html_table
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -14,10 +14,10 @@ from nbtoolkit.cluster.rank_actor import RankActor
 from nbtoolkit.cluster.rank_spec import parse_ranks
 from nbtoolkit.cluster.rank_tools import read_matching_files
 from nbtoolkit.cluster.ranks import _death_cause
+from nbtoolkit.cluster.state import ClusterStatus, RankCallResult, RankFailure, RemoteRun
 from nbtoolkit.core.errors import ClusterError, NbtUsageError, RemoteCellError
 from nbtoolkit.integrations.deepspeed.config import grid_settings, label, zero_config
 from nbtoolkit.integrations.deepspeed.sweep import read_sweep
-from nbtoolkit.cluster.state import ClusterStatus, RankCallResult, RankFailure, RemoteRun
 
 
 def test_parse_ranks_accepts_lists_ranges_and_all() -> None:
@@ -272,8 +272,8 @@ def test_old_import_paths_name_the_moved_classes() -> None:
     import nbtoolkit as nbt
     import nbtoolkit.cluster.ranks as ranks
     import nbtoolkit.cluster.state as model
-    from nbtoolkit.core import errors
     from nbtoolkit.cluster.figures import remote_run_html, status_html
+    from nbtoolkit.core import errors
 
     assert RemoteRun is model.RemoteRun and ClusterStatus is model.ClusterStatus
     assert RemoteCellError is errors.RemoteCellError is nbt.RemoteCellError

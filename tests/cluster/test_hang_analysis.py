@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.core.errors import TraceError
 from nbtoolkit.cluster.hang import CollectiveCall, RankHang, diagnose_hang
+from nbtoolkit.core.errors import TraceError
 from tests._python import run_python
 
 WORKER = Path(__file__).with_name("_fr_worker.py")

@@ -246,7 +246,8 @@ def fuzz() -> None:
     import nbtoolkit as nbt
 
     readers, inputs = _readers(), _inputs()
-    for module in ("nbtoolkit.trace.kineto", "nbtoolkit.compile.log_reader", "nbtoolkit.memory.snapshot_reader"):
+    reader_modules = ("nbtoolkit.trace.kineto", "nbtoolkit.compile.log_reader", "nbtoolkit.memory.snapshot_reader")
+    for module in reader_modules:
         __import__(module)
     nbt.MemorySnapshot  # import the model classes before the memory limit
     _limit_memory(int(1.5 * 2**30))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.bounded import LIMITS, limit, limit_hint
+from nbtoolkit.core.errors import NbtUsageError
 
 
 @pytest.mark.parametrize("name", sorted(LIMITS))

@@ -51,8 +51,8 @@ def test_memory_viz_size_matches_torch_text() -> None:
 
 def test_every_result_module_uses_the_one_formatter() -> None:
     # One formatter, imported where it is defined: no module keeps a copy or lists it as its own.
-    from nbtoolkit.recompute import comparison
     from nbtoolkit.memory import timeline as memory
+    from nbtoolkit.recompute import comparison
 
     assert comparison.format_bytes is format_bytes is memory.format_bytes
     assert comparison.format_seconds is format_seconds

@@ -24,8 +24,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.compile.report import GraphReport
 from nbtoolkit.compile.figures import compile_time_chart, graph_break_explorer, graph_code_view
+from nbtoolkit.compile.report import GraphReport
 from tests._python import run_module_function
 
 from ._same_report import assert_same_report

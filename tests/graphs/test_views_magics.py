@@ -11,8 +11,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.compile.report import GraphReport
 from nbtoolkit.compile.figures import compile_time_chart, graph_break_explorer, graph_code_view
+from nbtoolkit.compile.report import GraphReport
 
 
 def step_evil(x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.magic_dispatch import load_subcommands
 from nbtoolkit.core.magic_registry import all_subcommands
+from nbtoolkit.magic_dispatch import load_subcommands
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _IPYTHON_NAMES = [

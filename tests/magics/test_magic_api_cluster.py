@@ -13,8 +13,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbtoolkit.cluster.cluster import Cluster
 from nbtoolkit.cluster.commands import cluster_command
-from nbtoolkit.core.errors import ClusterError, NbtUsageError
 from nbtoolkit.cluster.state import COLLECTIVE_TIMEOUT_S
+from nbtoolkit.core.errors import ClusterError, NbtUsageError
 
 
 def _error_of(call: object) -> str:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from nbtoolkit.core.errors import CaptureError
 from nbtoolkit.memory.profile import (
     mark,
     peak_by_category,
@@ -15,7 +16,6 @@ from nbtoolkit.memory.profile import (
     run_memory_profiled,
     tensor_events,
 )
-from nbtoolkit.core.errors import CaptureError
 
 
 class _Residual(nn.Module):

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.recompute.comparison import Comparison, Measurement
 from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
+from nbtoolkit.recompute.comparison import Comparison, Measurement
 
 from .test_snapshot import PICKLES, RECORDED
 
@@ -291,8 +291,8 @@ def test_mosaic_rules_in_their_published_order() -> None:
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_mosaic_categories_of_real_snapshots(name: str, snapshot_file: Callable[[str], Path]) -> None:
     """Per stack as Mosaic classifies the raw frames, and Mosaic's peak (the trace from zero)."""
-    from nbtoolkit.memory.snapshot_reader import restricted_loads
     from nbtoolkit.memory.snapshot_mosaic import mosaic_category
+    from nbtoolkit.memory.snapshot_reader import restricted_loads
 
     path = snapshot_file(name)
     raw = restricted_loads(path.read_bytes())

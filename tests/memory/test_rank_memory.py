@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
 from nbtoolkit.memory.rank_memory import RankMemory
+from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
 
 _COLUMNS = ["time_us", "action", "delta_bytes", "category", "tensor", "module", "phase"]
 

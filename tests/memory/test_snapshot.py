@@ -19,8 +19,8 @@ import pytest
 import nbtoolkit as nbt
 from nbtoolkit.core.datasets import default_registry
 from nbtoolkit.core.errors import SnapshotError
-from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline, restricted_loads
 from nbtoolkit.memory.snapshot import MemorySnapshot
+from nbtoolkit.memory.snapshot_reader import load_memory_snapshot, load_memory_timeline, restricted_loads
 
 # The snapshot tests/memory/conftest.py records in this session (beside the real ones).
 RECORDED = "recorded"

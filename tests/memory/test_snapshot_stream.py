@@ -20,10 +20,10 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import SnapshotError
+from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from nbtoolkit.memory.snapshot_reader import restricted_loads
 from nbtoolkit.memory.snapshot_scale import scaled_snapshot_dict, write_scaled_snapshot
 from nbtoolkit.memory.snapshot_stream import stream_snapshot
-from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from tests._python import run_python
 
 from .test_snapshot import PICKLES, RECORDED

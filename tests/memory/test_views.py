@@ -12,7 +12,6 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
 from nbtoolkit.memory import timeline_analysis as analysis
-from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
 from nbtoolkit.memory.figures import (
     alive_at_peak_html,
     comparison_figure,
@@ -20,6 +19,7 @@ from nbtoolkit.memory.figures import (
     segment_figure,
     timeline_figure,
 )
+from nbtoolkit.memory.timeline import MemoryTimeline, normalize_events
 
 
 def _events(rows: list[tuple]) -> pd.DataFrame:

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
+from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.metrics.measure import (
     add_step_metrics,
     step_metrics_from_times,
     step_metrics_note,
 )
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.recompute.comparison import Comparison, Measurement
 
 

@@ -58,7 +58,8 @@ def test_the_magic_module_and_the_model_import_nothing_heavy() -> None:
     import sys
 
     code = (
-        "import sys, nbtoolkit.metrics.magic, nbtoolkit.metrics.step_metrics, nbtoolkit.metrics.device_peaks\n"
+        "import sys, nbtoolkit.metrics.magic, nbtoolkit.metrics.step_metrics\n"
+        "import nbtoolkit.metrics.device_peaks\n"
         "heavy = [m for m in ('torch', 'pandas', 'plotly') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.recompute.comparison import Comparison, Measurement
+from nbtoolkit.metrics.figures import mfu_chart
 from nbtoolkit.metrics.step_metrics import (
     MODULE_COLUMNS,
     attach_step_metrics,
     measurement_extra,
     metrics_frame,
 )
-from nbtoolkit.metrics.figures import mfu_chart
+from nbtoolkit.recompute.comparison import Comparison, Measurement
 
 
 def _metrics(**overrides: Any) -> nbt.StepMetrics:

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.metrics import peak_flops
-from nbtoolkit.metrics import measure as capture
 from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.metrics import measure as capture
+from nbtoolkit.metrics import peak_flops
 
 
 def test_model_flops_match_the_analytic_count(make_gpt: Any) -> None:

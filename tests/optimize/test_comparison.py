@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.recompute.comparison import Comparison, Measurement
 from nbtoolkit.core.units import format_bytes, format_seconds
+from nbtoolkit.recompute.comparison import Comparison, Measurement
 
 
 def _m(label: str, t: float, peak: int, **kw: object) -> Measurement:

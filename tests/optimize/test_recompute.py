@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from nbtoolkit.recompute.solver import predict_peak, solve_plan
 from nbtoolkit.core.errors import NbtUsageError, PlanError, StepError
-from nbtoolkit.recompute.plan import RecomputePlan
-from nbtoolkit.recompute.measure import profile_memory_series
-from nbtoolkit.recompute.planner import find_repeated_blocks, plan_recompute
 from nbtoolkit.core.units import parse_bytes
+from nbtoolkit.recompute.measure import profile_memory_series
+from nbtoolkit.recompute.plan import RecomputePlan
+from nbtoolkit.recompute.planner import find_repeated_blocks, plan_recompute
+from nbtoolkit.recompute.solver import predict_peak, solve_plan
 from tests.optimize._models import NoRepeats, make_gpt
 
 HIDDEN = [64, 256, 128, 384]

@@ -17,10 +17,10 @@ import dataclasses
 
 import pytest
 
-from nbtoolkit.recompute.solver import cheapest_blocks, predict_peak, solve_recompute
 from nbtoolkit.core.errors import NbtUsageError, PlanError
-from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.recompute.costs import RecomputeCosts
+from nbtoolkit.recompute.solver import cheapest_blocks, predict_peak, solve_recompute
 
 K = 1024
 

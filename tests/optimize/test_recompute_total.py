@@ -19,8 +19,8 @@ from torch import nn
 
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import NbtUsageError, PlanError
-from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from tests.optimize._models import TinyGPT
 
 HIDDEN = [64, 512, 128, 384]  # blocks of different widths: they save different amounts

@@ -283,7 +283,7 @@ def test_a_gzip_of_whitespace_inflates_in_bounded_memory(tmp_path):
     path = _gzip_of_spaces(tmp_path / "rank0.json.gz", 512)
     code = (
         "import resource, nbtoolkit as nbt\n"
-        "from nbtoolkit.io import kineto\n"  # import everything the load needs before the limit
+        "from nbtoolkit.trace import kineto\n"  # import everything the load needs before the limit
         "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
         "resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.RLIM_INFINITY))\n"
         "try:\n"

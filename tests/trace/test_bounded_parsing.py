@@ -139,8 +139,7 @@ def test_chunks_split_between_events_whatever_the_whitespace(tmp_path, monkeypat
 
 
 def test_a_top_level_list_is_streamed_like_the_whole_file_decode(tmp_path, monkeypatch):
-    from nbtoolkit.trace import _kineto_json
-    from nbtoolkit.trace import kineto
+    from nbtoolkit.trace import _kineto_json, kineto
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 4 << 10)
     path = tmp_path / "rank0.json"
@@ -324,8 +323,7 @@ def _two_lists(first: int) -> bytes:
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_a_second_trace_events_key_is_refused(tmp_path, monkeypatch, streaming):
-    from nbtoolkit.trace import _kineto_json
-    from nbtoolkit.trace import kineto
+    from nbtoolkit.trace import _kineto_json, kineto
 
     if not streaming:
 
@@ -358,8 +356,7 @@ def test_the_key_named_in_an_event_is_no_second_list(tmp_path):
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_unknown_phases_are_skipped_with_a_note_naming_them(tmp_path, monkeypatch, streaming):
-    from nbtoolkit.trace import _kineto_json
-    from nbtoolkit.trace import kineto
+    from nbtoolkit.trace import _kineto_json, kineto
 
     if not streaming:
 

@@ -118,8 +118,7 @@ def test_html_escapes_trace_text(tmp_path):
     "folder", ["hta_nccl_parser_config", "param_dlrm_8rank", "hta_critical_path_alexnet"]
 )
 def test_chunked_streaming_equals_whole_document_decoding(real_data, monkeypatch, folder):
-    from nbtoolkit.trace import _kineto_json
-    from nbtoolkit.trace import kineto
+    from nbtoolkit.trace import _kineto_json, kineto
 
     monkeypatch.setattr(_kineto_json, "CHUNK_BYTES", 64 * 1024)  # many chunks, splits inside every file
     streamed = nbt.load_trace(real_data(f"traces/{folder}"))

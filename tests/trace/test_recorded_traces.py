@@ -198,8 +198,7 @@ def test_chunked_streaming_equals_whole_document_decoding(
     compressed: bool,
 ) -> None:
     """Decoding in many small chunks (plain or gzip-inflated) gives what whole-document decoding gives."""
-    from nbtoolkit.trace import _kineto_json
-    from nbtoolkit.trace import kineto
+    from nbtoolkit.trace import _kineto_json, kineto
 
     chunk_bytes = 8 * 1024
     folder = tmp_path / "traces"

@@ -15,9 +15,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.collective_bandwidth import bus_factor, normalize_collective
 from nbtoolkit.metrics.device_bandwidth import lookup_bandwidth
 from nbtoolkit.metrics.device_peaks import lookup_peak
+from nbtoolkit.trace.collective_bandwidth import bus_factor, normalize_collective
 from nbtoolkit.trace.op_costs import op_class, op_cost
 from tests._python import run_python
 from tests.trace.conftest import CPU_STEP_SCRIPT

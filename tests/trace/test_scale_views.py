@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.scale_set import ScaleSet, write_scale_set
 from nbtoolkit.trace import scale_views as views
 from nbtoolkit.trace import views as trace_views
+from nbtoolkit.trace.scale_set import ScaleSet, write_scale_set
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from nbtoolkit.timeline.lod import build_lane
-from nbtoolkit.memory.timeline_index import memory_index
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.memory.timeline import MemoryTimeline
+from nbtoolkit.memory.timeline_index import memory_index
+from nbtoolkit.timeline.lod import build_lane
 
 from .timeline_data import synthetic_memory_events
 

@@ -16,10 +16,11 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import NbtError, NbtUsageError
+from nbtoolkit.core.magic_display import widgets_enabled
 from nbtoolkit.memory.timeline import CATEGORIES
-from nbtoolkit.timeline.widget import MemoryTimelineWidget, TraceTimelineWidget
+from nbtoolkit.memory.timeline_widget import MemoryTimelineWidget
 from nbtoolkit.timeline.assets import widget_asset, widget_dirs
-from nbtoolkit.timeline.static import TraceReportWithWidget, widgets_enabled
+from nbtoolkit.trace.timeline_widget import TraceReportWithWidget, TraceTimelineWidget
 from nbtoolkit.trace.views import TraceReport
 from tests._python import run_python
 

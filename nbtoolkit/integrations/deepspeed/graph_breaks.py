@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.result import Result, html_table
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.rank import graph_breaks_one_on_rank
-from nbtoolkit.core.result import Result, html_table
 
 if TYPE_CHECKING:
     import pandas as pd

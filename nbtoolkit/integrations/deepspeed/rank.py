@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbtoolkit.memory.profile import live_tensor_bytes
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.core.step_runner import run_steps
+from nbtoolkit.memory.profile import live_tensor_bytes
 
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 

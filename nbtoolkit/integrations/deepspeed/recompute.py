@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.units import format_bytes, format_seconds, parse_bytes
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
-from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.units import format_bytes, format_seconds, parse_bytes
 
 if TYPE_CHECKING:
     import pandas as pd

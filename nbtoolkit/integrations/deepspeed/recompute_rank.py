@@ -24,8 +24,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbtoolkit.core.step_runner import call_step, run_steps
 from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.core.step_runner import call_step, run_steps
 
 __all__ = ["recompute_on_rank"]
 
@@ -87,15 +87,15 @@ def recompute_on_rank(
     """
     import torch.distributed as dist
 
-    from nbtoolkit.recompute.solver import solve_recompute
     from nbtoolkit.core.device_memory import model_gpu
     from nbtoolkit.core.errors import PlanError
     from nbtoolkit.integrations.deepspeed.rank import _engine_and_step
-    from nbtoolkit.recompute.costs import RecomputeCosts
     from nbtoolkit.recompute.checkpoint import checkpoint_blocks, resolve_blocks
+    from nbtoolkit.recompute.costs import RecomputeCosts
     from nbtoolkit.recompute.measure import profile_memory_series
-    from nbtoolkit.recompute.planner import find_repeated_blocks
     from nbtoolkit.recompute.plan_measure import measure_recompute_costs
+    from nbtoolkit.recompute.planner import find_repeated_blocks
+    from nbtoolkit.recompute.solver import solve_recompute
 
     rank = dist.get_rank()
     engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.integrations.deepspeed.config import (
     KNOBS,
     default_settings,
@@ -38,8 +40,6 @@ from nbtoolkit.integrations.deepspeed.config import (
     zero_config,
 )
 from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
-from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 
 if TYPE_CHECKING:
     import pandas as pd
