@@ -366,19 +366,6 @@ class Cluster(ClusterTransfer, Result):
 
         return hang_report(self._live_group())
 
-    def plan_recompute(
-        self, model_fn: Callable[[], Any], batch_fn: Callable[[int], Any], **options: Any
-    ) -> Any:
-        """Blocks to recompute under DeepSpeed ZeRO so every rank's device stays under ``budget=``.
-
-        ``zero_plan_recompute(self, model_fn, batch_fn, **options)`` (in
-        :mod:`nbtoolkit.integrations.deepspeed.recompute`): ``budget=`` (bytes or a list), ``stage=``
-        or ``stages=``, ``blocks=``; a ZeroRecompute table.
-        """
-        from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
-
-        return zero_plan_recompute(self, model_fn, batch_fn, **options)
-
     def summarize_traces(self, where: str | Path, **options: Any) -> TraceSummary:
         """Summarize the rank traces ``where`` names on the nodes holding them (a TraceSummary).
 

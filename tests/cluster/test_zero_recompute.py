@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
+
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 # DeepSpeed's default buckets (5e8 elements) are 2 GB of fp32 per rank: small ones for a small model
@@ -50,7 +52,9 @@ def cluster() -> Iterator[Any]:
 
 
 def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> None:
-    reference = cluster.plan_recompute(_model, _batch, stages=(1, 2, 3), loss_fn=_loss, steps=1, knobs=SMALL)
+    reference = zero_plan_recompute(
+        cluster, _model, _batch, stages=(1, 2, 3), loss_fn=_loss, steps=1, knobs=SMALL
+    )
     ranks = reference.ranks
     assert list(reference.blocks) == ["blocks.0", "blocks.1", "blocks.2"]
     assert reference.table.empty  # no budget: measured only
@@ -65,9 +69,9 @@ def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> N
         lowest, highest = int(rows["peak_all_bytes"].max()), int(rows["peak_none_bytes"].max())
         assert lowest < highest
         budgets[stage] = lowest + (highest - lowest) * 3 // 4
-    result = cluster.plan_recompute(
-        _model, _batch, budget=sorted(set(budgets.values())), stages=(1, 2, 3), loss_fn=_loss, steps=1,
-        knobs=SMALL,
+    result = zero_plan_recompute(
+        cluster, _model, _batch, budget=sorted(set(budgets.values())), stages=(1, 2, 3), loss_fn=_loss,
+        steps=1, knobs=SMALL,
     )
     table, now = result.table, result.ranks
     shown = f"{table.to_string()}\n{now.to_string()}\n{reference.ranks.to_string()}"
