@@ -34,7 +34,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nbtoolkit.cluster.hang import CollectiveCall, HangReport, RankHang
+from nbtoolkit.cluster.hang import HangReport
+from nbtoolkit.cluster.hang_records import CollectiveCall, RankHang
 from nbtoolkit.core.errors import SnapshotError, TraceError
 from nbtoolkit.core.paths import user_path
 from nbtoolkit.memory.snapshot_reader import restricted_loads

@@ -16,12 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.cluster.hang_records import (  # re-exported: the records were defined here first
-    HANG_AFTER_ENV,
-    HANG_AFTER_S,
-    RANK_STATES,
-    VERDICT_KINDS,
-    CollectiveCall,
+from nbtoolkit.cluster.hang_records import (
     HangVerdict,
     RankHang,
     user_place,
@@ -33,16 +28,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "HANG_AFTER_ENV",
-    "HANG_AFTER_S",
-    "RANK_STATES",
-    "VERDICT_KINDS",
-    "CollectiveCall",
     "HangReport",
-    "HangVerdict",
-    "RankHang",
     "diagnose_hang",
-    "user_place",
 ]
 
 class HangReport(Result):

@@ -20,14 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.cluster.hang import (
-    HANG_AFTER_ENV,
-    HANG_AFTER_S,
-    CollectiveCall,
-    HangReport,
-    RankHang,
-    diagnose_hang,
-)
+from nbtoolkit.cluster.hang import HangReport, diagnose_hang
+from nbtoolkit.cluster.hang_records import HANG_AFTER_ENV, HANG_AFTER_S, CollectiveCall, RankHang
 from nbtoolkit.core.errors import NbtUsageError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbtoolkit.cluster.hang import HANG_AFTER_ENV, HANG_AFTER_S
+from nbtoolkit.cluster.hang_records import HANG_AFTER_ENV, HANG_AFTER_S
 from nbtoolkit.cluster.state import (
     CLUSTER_ACTIONS,
     COLLECTIVE_TIMEOUT_S,

@@ -19,7 +19,7 @@ artifact and how to get it, in one line (tests skip with that line as the reason
 download whose bytes do not match the pinned sha256 is a :class:`~nbtoolkit.core.errors.DataError`:
 the origin changed, and the file is not used.
 
-The registry (``nbtoolkit/data/registry.csv``) lists every artifact with its sha256, its
+The registry (``nbtoolkit/core/data/registry.csv``) lists every artifact with its sha256, its
 pinned URL (empty where no public copy exists, e.g. outputs of reference tools run on our
 machines), its origin and its license.
 """
@@ -37,9 +37,9 @@ from nbtoolkit.core.errors import DataError, DataUnavailableError, NbtUsageError
 __all__ = ["Artifact", "DataRegistry", "data_folders", "locate_data"]
 
 REGISTRY_FILE = Path(__file__).with_name("data") / "registry.csv"
-# A source checkout (editable install) has the repository root two levels above this file;
+# A source checkout (editable install) has the repository root three levels above this file;
 # the project's own machines keep the fixtures beside it.
-CHECKOUT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+CHECKOUT_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # <checkout>/../shared/fixtures
 # Seconds to wait for a server before giving up: an offline machine fails at once (no
 # route), a machine behind a silent firewall must not hang a test session.
 DOWNLOAD_TIMEOUT_S = 20.0

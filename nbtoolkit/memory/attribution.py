@@ -193,7 +193,8 @@ def build_timeline(
     """The timeline of ``target``'s memory from torch's tensor events of one profile."""
     import pandas as pd
 
-    from nbtoolkit.memory.timeline import EVENT_COLUMNS, MemoryTimeline
+    from nbtoolkit.memory.schema import EVENT_COLUMNS
+    from nbtoolkit.memory.timeline import MemoryTimeline
 
     index = _OpTreeIndex(recorded.op_tree, module_names)
     stacks: list[str] = []

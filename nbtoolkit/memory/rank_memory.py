@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, overload
 
 from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes
-from nbtoolkit.memory.schema import category_columns  # re-exported: defined here first
+from nbtoolkit.memory.schema import category_columns
 from nbtoolkit.memory.timeline import MemoryTimeline
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankMemory", "category_columns"]
+__all__ = ["RankMemory"]
 
 #: peaks differing by more than this (max/min - 1) are called uneven in the summary
 UNEVEN_PEAKS = 0.10

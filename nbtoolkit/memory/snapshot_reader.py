@@ -46,10 +46,10 @@ from nbtoolkit.core.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.core.inputs import is_path, wrong_type
 from nbtoolkit.core.paths import user_path
 from nbtoolkit.core.units import parse_bytes
+from nbtoolkit.memory.schema import CATEGORIES
 from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from nbtoolkit.memory.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.memory.snapshot_stream import stack_limits
-from nbtoolkit.memory.timeline import CATEGORIES
 
 if TYPE_CHECKING:
     from nbtoolkit.memory.snapshot import MemorySnapshot

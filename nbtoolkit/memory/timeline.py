@@ -39,15 +39,12 @@ from typing import TYPE_CHECKING, Any
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes
-from nbtoolkit.memory.schema import CATEGORIES, EVENT_COLUMNS, PHASES
+from nbtoolkit.memory.schema import CATEGORIES, EVENT_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "CATEGORIES",
-    "EVENT_COLUMNS",
-    "PHASES",
     "MemoryComparison",
     "MemoryTimeline",
 ]

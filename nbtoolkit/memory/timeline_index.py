@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from nbtoolkit.memory.timeline import CATEGORIES
+from nbtoolkit.memory.schema import CATEGORIES
 from nbtoolkit.timeline.lod import check_window
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ always win over it. The variables:
     or on a GPU a share of its memory like ``90%`` (``OptimizeConfig.budget_bytes``).
 ``NBTOOLKIT_MEASURE_STEPS`` / ``NBTOOLKIT_MEASURE_WARMUP``
     steps and warm-up of every measurement: read by ``nbtoolkit.core.measure_config``
-    (``MeasureConfig``, defined there and re-exported here).
+    (``MeasureConfig``).
 
 So a training script can be switched without editing it::
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.core.measure_config import DEFAULT_STEPS, ENV_STEPS, ENV_WARMUP, MeasureConfig
+from nbtoolkit.core.measure_config import DEFAULT_STEPS, MeasureConfig
 from nbtoolkit.core.units import DeviceShare, parse_budget
 from nbtoolkit.recompute.amp import AMP_DTYPES
 from nbtoolkit.recompute.apply_compile import compile_options
@@ -36,9 +36,6 @@ from nbtoolkit.recompute.apply_compile import compile_options
 __all__ = [
     "ENV_BUDGET",
     "ENV_RECOMPUTE",
-    "ENV_STEPS",
-    "ENV_WARMUP",
-    "MeasureConfig",
     "OptimizeConfig",
     "RecomputeConfig",
 ]

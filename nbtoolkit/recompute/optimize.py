@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.core.measure_config import measure_config
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.recompute.amp import autocast_model
 from nbtoolkit.recompute.apply_compile import compile_model
 from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
 from nbtoolkit.recompute.comparison import Comparison
-from nbtoolkit.recompute.config import MeasureConfig, OptimizeConfig
+from nbtoolkit.recompute.config import OptimizeConfig
 from nbtoolkit.recompute.handle import Applied
 from nbtoolkit.recompute.measure import Progress, check_step, measure_step
 from nbtoolkit.recompute.planner import plan_recompute

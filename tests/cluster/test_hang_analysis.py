@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtoolkit.cluster.hang import CollectiveCall, RankHang, diagnose_hang
+from nbtoolkit.cluster.hang import diagnose_hang
+from nbtoolkit.cluster.hang_records import CollectiveCall, RankHang
 from nbtoolkit.core.errors import TraceError
 from tests._python import run_python
 

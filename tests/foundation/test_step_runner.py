@@ -20,7 +20,7 @@ PACKAGE = Path(nbt.__file__).parent
 
 def test_measure_config_is_public_and_imports_no_torch() -> None:
     assert nbt.MeasureConfig is MeasureConfig
-    from nbtoolkit.recompute.config import MeasureConfig as from_optimize
+    from nbtoolkit.core.measure_config import MeasureConfig as from_optimize
 
     assert from_optimize is MeasureConfig  # OptimizeConfig.measure is the same class
     code = (

@@ -9,7 +9,8 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.recompute.config import MeasureConfig, OptimizeConfig, RecomputeConfig
+from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.recompute.config import OptimizeConfig, RecomputeConfig
 from nbtoolkit.recompute.optimize import config_from_arguments, optimize
 from nbtoolkit.recompute.planner import plan_recompute
 from tests.optimize._models import make_gpt

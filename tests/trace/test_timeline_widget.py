@@ -17,7 +17,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import NbtError, NbtUsageError
 from nbtoolkit.core.magic_display import widgets_enabled
-from nbtoolkit.memory.timeline import CATEGORIES
+from nbtoolkit.memory.schema import CATEGORIES
 from nbtoolkit.memory.timeline_widget import MemoryTimelineWidget
 from nbtoolkit.timeline.assets import widget_asset, widget_dirs
 from nbtoolkit.trace.timeline_widget import TraceReportWithWidget, TraceTimelineWidget
