@@ -260,26 +260,17 @@ def _check_size(metadata: Any, file: Path, *, what: str, error: type[NbtError]) 
     rows, 3 GB once read. Estimated as 8 bytes per row and column, against the readers' limit
     (``NBT_MAX_READ_BYTES``, default 8 GiB; see :mod:`nbtoolkit.core.bounded`).
     """
-    import os
+    from nbtoolkit.core.bounded import ENV_MAX_READ_BYTES, max_read_bytes
+    from nbtoolkit.core.units import format_bytes
 
-    from nbtoolkit.core.units import format_bytes, parse_bytes
-
-    text = os.environ.get(_ENV_MAX_READ_BYTES, "").strip()
-    try:
-        limit = parse_bytes(text, what=_ENV_MAX_READ_BYTES) if text else _DEFAULT_MAX_READ_BYTES
-    except NbtError:
-        limit = _DEFAULT_MAX_READ_BYTES  # the readers name a malformed value
+    limit = max_read_bytes()  # the one reading of NBT_MAX_READ_BYTES (and of a reader's max_bytes=)
     estimate = int(metadata.num_rows) * max(1, int(metadata.num_columns)) * 8
     if estimate > limit:
         raise error(
             f"{shown_path(file)}: the saved {what} holds {int(metadata.num_rows):,} rows, about "
             f"{format_bytes(estimate)} once read, over the read limit of {format_bytes(limit)}; if it is "
-            f"really yours, raise {_ENV_MAX_READ_BYTES} (e.g. {_ENV_MAX_READ_BYTES}=64GiB)"
+            f"really yours, raise {ENV_MAX_READ_BYTES} (e.g. {ENV_MAX_READ_BYTES}=64GiB)"
         )
-
-
-_ENV_MAX_READ_BYTES = "NBT_MAX_READ_BYTES"  # the readers' limit (nbtoolkit.core.bounded), read here too
-_DEFAULT_MAX_READ_BYTES = 8 * 1024**3
 
 
 def read_schema_json(file: Path, key: bytes, *, what: str, error: type[NbtError]) -> dict[str, Any] | None:
