@@ -447,12 +447,12 @@ def check_optimize(run: Run) -> Callable[[Check], None]:
         optimized, plain = gpt(run.device, seed=5, large=run.large), gpt(run.device, seed=5, large=run.large)
         if run.cuda:
             compile_: Any = True  # inductor, as users run it
-            settings: dict[str, Any] = {}
+            measure = nbt.MeasureConfig(metrics=False)
         else:
             # inductor's CPU compile of forward and backward takes minutes on a shared 2-core
             # machine; aot_eager runs the same dynamo/AOT path, so the plumbing is proven
             compile_ = {"backend": "aot_eager"}
-            settings = {"steps": 3, "warmup": 1, "categories": False}
+            measure = nbt.MeasureConfig(steps=3, warmup=1, categories=False, metrics=False)
             check.remarks.append("CPU mode compiles with aot_eager (inductor on the GPU)")
         result = nbt.optimize(
             optimized[0],
@@ -462,8 +462,7 @@ def check_optimize(run: Run) -> Callable[[Check], None]:
             budget_bytes=budget,
             amp="bf16",
             undo=False,
-            metrics=False,
-            **settings,
+            config=measure,
         )
         claimed = result.before.step_time_s / result.after.step_time_s
         check.record(

@@ -39,7 +39,7 @@ __all__ = ["Artifact", "DataRegistry", "data_folders", "locate_data"]
 REGISTRY_FILE = Path(__file__).with_name("data") / "registry.csv"
 # A source checkout (editable install) has the repository root three levels above this file;
 # the project's own machines keep the fixtures beside it.
-CHECKOUT_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # <checkout>/../shared/fixtures
+CHECKOUT_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # ../shared/fixtures
 # Seconds to wait for a server before giving up: an offline machine fails at once (no
 # route), a machine behind a silent firewall must not hang a test session.
 DOWNLOAD_TIMEOUT_S = 20.0

@@ -47,11 +47,7 @@ _SETTING_DEFAULTS: dict[str, Any] = {
     "budget_bytes": None,
     "amp": None,
     "steps": None,
-    "warmup": None,
     "undo": True,
-    "categories": True,
-    "metrics": True,
-    "tokens_per_step": None,
 }
 
 
@@ -62,10 +58,7 @@ def config_from_arguments(**arguments: Any) -> OptimizeConfig:
     if unknown:
         raise NbtUsageError(f"unknown optimize() setting(s) {unknown}: use {sorted(_SETTING_DEFAULTS)}")
     given = {**_SETTING_DEFAULTS, **arguments}
-    measure = measure_config(
-        steps=given["steps"], warmup=given["warmup"], categories=given["categories"],
-        metrics=given["metrics"], tokens_per_step=given["tokens_per_step"],
-    )
+    measure = measure_config(steps=given["steps"])
     return OptimizeConfig.from_env(
         compile=given["compile"], recompute=given["recompute"], budget_bytes=given["budget_bytes"],
         amp=given["amp"], undo=given["undo"], measure=measure,
@@ -81,12 +74,8 @@ def optimize(
     budget_bytes: int | float | str | None = None,
     amp: str | None = None,
     steps: int | None = None,
-    warmup: int | None = None,
     undo: bool = True,
-    categories: bool = True,
     progress: Progress | None = None,
-    metrics: bool = True,
-    tokens_per_step: int | None = None,
     config: OptimizeConfig | MeasureConfig | None = None,
 ) -> Comparison:
     """Measure ``step``, apply the requested changes to ``model``, measure again; a :class:`Comparison`.
@@ -102,17 +91,16 @@ def optimize(
         budget_bytes: the device's total peak for ``recompute="auto"`` (bytes, ``"1.5GB"``, or on a
             GPU a share such as ``"90%"``): parameters, gradients and optimizer state count.
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
-        steps, warmup: timed steps and warm-up steps of each measurement (default: ``MeasureConfig()``'s).
+        steps: timed steps of each measurement (default: ``MeasureConfig()``'s).
         undo: restore the model at the end (default); False keeps the changes (``.applied``).
-        categories: also measure the peak by torch memory category (one more profiled step each).
         progress: ``progress(done, total, what)`` while measuring.
-        metrics: also count each configuration's FLOPs (one more step each) and show model and
-            hardware FLOPs, achieved FLOP/s, MFU and HFU (``nbt.step_metrics``) in the table.
-        tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
-        config: all of the above but ``progress`` as one
-            :class:`~nbtoolkit.recompute.config.OptimizeConfig`; then leave them out. Or only
-            how each side is measured, as a :class:`~nbtoolkit.MeasureConfig` (the arguments
-            given as well override its fields).
+        config: how each side is measured, as a :class:`~nbtoolkit.MeasureConfig`: its
+            ``warmup``; ``categories`` (the peak by torch memory category, one more profiled step
+            each; on by default); ``metrics`` (each configuration's FLOPs, one more step each: model
+            and hardware FLOPs, achieved FLOP/s, MFU and HFU in the table; on by default);
+            ``tokens_per_step`` (for tokens/s). A ``steps=`` given as well wins. Or all of the
+            above but ``progress`` as one :class:`~nbtoolkit.recompute.config.OptimizeConfig`;
+            then leave them out.
 
     Both measurements start from the same weights: the model's parameters and buffers are
     copied (to the CPU) before the baseline and put back before the second measurement and
@@ -127,17 +115,12 @@ def optimize(
     check_step(step)
     arguments = {
         "compile": compile, "recompute": recompute, "budget_bytes": budget_bytes, "amp": amp,
-        "steps": steps, "warmup": warmup, "undo": undo, "categories": categories, "metrics": metrics,
-        "tokens_per_step": tokens_per_step,
+        "steps": steps, "undo": undo,
     }
     if config is None:
         config = config_from_arguments(**arguments)
     elif isinstance(config, MeasureConfig):
-        # categories/metrics left at their defaults keep the config's
-        measure = measure_config(
-            config, steps=steps, warmup=warmup, tokens_per_step=tokens_per_step,
-            categories=None if categories else False, metrics=None if metrics else False,
-        )
+        measure = measure_config(config, steps=steps)
         config = OptimizeConfig.from_env(compile=compile, recompute=recompute, budget_bytes=budget_bytes,
                                          amp=amp, undo=undo, measure=measure)
     else:

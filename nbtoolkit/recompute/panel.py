@@ -197,6 +197,7 @@ class OptimizePanel:
     def apply_and_measure(self) -> Comparison:
         """Run :func:`nbtoolkit.optimize` with the panel's choices; show and return the comparison."""
         from nbtoolkit.core.errors import NbtError
+        from nbtoolkit.core.measure_config import MeasureConfig
         from nbtoolkit.recompute.optimize import optimize
 
         best = self.predicted()
@@ -208,7 +209,8 @@ class OptimizePanel:
         try:
             comparison = optimize(
                 self.model, self.step, compile=compile_arg, recompute=blocks or None,
-                amp=self.amp.value, steps=self.steps, warmup=self.warmup, progress=self._report,
+                amp=self.amp.value, progress=self._report,
+                config=MeasureConfig(steps=self.steps, warmup=self.warmup),
             )
         except NbtError as exc:
             self.status.value = f"<b>{escape(type(exc).__name__)}</b>: {escape(exc)}"

@@ -202,7 +202,8 @@ def test_optimize_fills_the_diff_from_its_own_measurements() -> None:
         optimizer.zero_grad()
         return float(loss.item())
 
-    result = nbt.optimize(model, step, amp="bfloat16", steps=2, warmup=1, metrics=False)
+    result = nbt.optimize(model, step, amp="bfloat16", steps=2,
+        config=nbt.MeasureConfig(warmup=1, metrics=False))
     diff = result.memory_diff()
     assert diff is not None
     before, after = result.before.peak_by_category, result.after.peak_by_category

@@ -94,13 +94,15 @@ def test_optimize_arguments_map_onto_the_config(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.delenv(name, raising=False)
     assert config_from_arguments() == OptimizeConfig()
     config = config_from_arguments(
-        compile={"backend": "eager"}, recompute="auto", budget_bytes="1MB", amp="bf16", steps=3, warmup=1,
-        undo=False, categories=False, metrics=False, tokens_per_step=64,
+        compile={"backend": "eager"}, recompute="auto", budget_bytes="1MB", amp="bf16", steps=3, undo=False,
     )
     assert config == OptimizeConfig(
         compile={"backend": "eager"}, recompute="auto", budget_bytes=1_000_000, amp="bf16", undo=False,
-        measure=MeasureConfig(steps=3, warmup=1, categories=False, metrics=False, tokens_per_step=64),
+        measure=MeasureConfig(steps=3),
     )
+    # how each side is measured, beyond steps, is a MeasureConfig: optimize() has no warmup=, metrics=...
+    with pytest.raises(NbtUsageError, match=r"unknown optimize\(\) setting\(s\) \['metrics', 'warmup'\]"):
+        config_from_arguments(warmup=1, metrics=False)
     monkeypatch.setenv("NBTOOLKIT_MEASURE_WARMUP", "4")
     assert config_from_arguments(steps=3).measure == MeasureConfig(steps=3, warmup=4)
     with pytest.raises(NbtUsageError, match=r"unknown optimize\(\) setting\(s\) \['stepz'\]"):

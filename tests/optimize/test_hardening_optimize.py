@@ -52,7 +52,8 @@ def test_noise_from_a_saved_comparison_uses_the_stored_spread(tmp_path) -> None:
 
 def test_optimize_with_nothing_to_apply_says_so() -> None:
     model, step = make_gpt(batch=2, seq=8, hidden=[16])
-    result = nbt.optimize(model, step, steps=2, warmup=0, categories=False, metrics=False)
+    result = nbt.optimize(model, step, steps=2,
+        config=nbt.MeasureConfig(warmup=0, categories=False, metrics=False))
     assert result.changes == []
     assert result.nothing_applied is not None and "no change was asked for" in result.nothing_applied
     text = repr(result)
@@ -66,7 +67,8 @@ def test_optimize_of_a_model_without_parameters_says_so(tmp_path) -> None:
     def step() -> None:
         model(x).sum()
 
-    result = nbt.optimize(model, step, steps=2, warmup=0, categories=False, metrics=False)
+    result = nbt.optimize(model, step, steps=2,
+        config=nbt.MeasureConfig(warmup=0, categories=False, metrics=False))
     assert "the model has no parameters" in str(result.nothing_applied)
     loaded = Comparison.load(result.save(tmp_path / "c.json"))
     assert loaded.nothing_applied == result.nothing_applied
@@ -75,5 +77,6 @@ def test_optimize_of_a_model_without_parameters_says_so(tmp_path) -> None:
 
 def test_optimize_that_applies_something_has_no_such_note() -> None:
     model, step = make_gpt(batch=2, seq=8, hidden=[16])
-    result = nbt.optimize(model, step, amp="bf16", steps=2, warmup=0, categories=False, metrics=False)
+    result = nbt.optimize(model, step, amp="bf16", steps=2,
+        config=nbt.MeasureConfig(warmup=0, categories=False, metrics=False))
     assert result.changes and result.nothing_applied is None

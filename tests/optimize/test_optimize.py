@@ -41,8 +41,8 @@ def budget() -> int:
 def test_optimize_recompute_auto_meets_budget_and_restores(budget: int) -> None:
     model, step = make_gpt(hidden=HIDDEN)
     seen: list[tuple[int, int]] = []
-    cmp = optimize(model, step, recompute="auto", budget_bytes=budget, steps=2, warmup=1,
-                   progress=lambda d, t, w: seen.append((d, t)))
+    cmp = optimize(model, step, recompute="auto", budget_bytes=budget, steps=2,
+                   progress=lambda d, t, w: seen.append((d, t)), config=nbt.MeasureConfig(warmup=1))
     assert cmp.plan is not None and cmp.plan.blocks
     # the budget is of the device's total peak (parameters and optimizer state count)
     assert cmp.after.total_peak_bytes is not None and cmp.before.total_peak_bytes is not None
@@ -63,7 +63,7 @@ def test_env_switch_picks_the_plan(monkeypatch: pytest.MonkeyPatch, budget: int)
     monkeypatch.setenv("NBTOOLKIT_RECOMPUTE", "auto")
     monkeypatch.setenv("NBTOOLKIT_MEMORY_BUDGET", f"{budget / 2**20:.4f}MiB")
     model, step = make_gpt(hidden=HIDDEN)
-    cmp = optimize(model, step, steps=1, warmup=0, categories=False)
+    cmp = optimize(model, step, steps=1, config=nbt.MeasureConfig(warmup=0, categories=False))
     assert cmp.plan is not None and cmp.plan.blocks
     assert cmp.after.total_peak_bytes is not None and cmp.after.total_peak_bytes <= budget
     assert _untouched(model)
@@ -87,8 +87,8 @@ def test_env_garbage_is_one_clear_error(
 
 def test_compile_reports_graphs_and_is_undone() -> None:
     model, step = make_gpt(hidden=[64, 64])
-    cmp = optimize(model, step, compile={"backend": "aot_eager"}, recompute=["blocks.1"], steps=2, warmup=1,
-                   categories=False)
+    cmp = optimize(model, step, compile={"backend": "aot_eager"}, recompute=["blocks.1"], steps=2,
+        config=nbt.MeasureConfig(warmup=1, categories=False))
     assert cmp.after.graph_count is not None and cmp.after.graph_count >= 1
     assert cmp.after.compile_time_s is not None and cmp.after.compile_time_s >= 0
     assert cmp.before.graph_count is None
@@ -99,7 +99,8 @@ def test_compile_reports_graphs_and_is_undone() -> None:
 
 def test_amp_bf16_keep_changes_then_undo() -> None:
     model, step = make_gpt(hidden=[64, 64])
-    cmp = optimize(model, step, amp="bf16", steps=1, warmup=1, undo=False, categories=False)
+    cmp = optimize(model, step, amp="bf16", steps=1, undo=False,
+        config=nbt.MeasureConfig(warmup=1, categories=False))
     try:
         assert "forward" in model.__dict__
         assert cmp.applied is not None
@@ -125,7 +126,8 @@ def test_bad_input_leaves_model_as_it_was(budget: int) -> None:
     with pytest.raises(NbtUsageError, match="must be a torch"):
         optimize(step, step)
     with pytest.raises(PlanError, match="no recomputation plan fits"):
-        optimize(model, step, recompute="auto", budget_bytes=1000, steps=1, warmup=0, categories=False)
+        optimize(model, step, recompute="auto", budget_bytes=1000, steps=1,
+            config=nbt.MeasureConfig(warmup=0, categories=False))
     assert _untouched(model)
 
     calls = {"n": 0}
@@ -138,7 +140,8 @@ def test_bad_input_leaves_model_as_it_was(budget: int) -> None:
 
     expected = "the step 'flaky' raised ValueError during the (timed|profiled) step.*: boom"
     with pytest.raises(StepError, match=expected) as info:
-        optimize(model, flaky, recompute=["blocks.0"], steps=1, warmup=0, categories=False)
+        optimize(model, flaky, recompute=["blocks.0"], steps=1,
+            config=nbt.MeasureConfig(warmup=0, categories=False))
     assert isinstance(info.value, NbtUsageError) and isinstance(info.value.__cause__, ValueError)
     assert _untouched(model)
 
@@ -148,8 +151,8 @@ def test_measurements_start_from_the_same_weights_and_leave_them_as_they_were(bu
     """Same first loss before/after (the changes do not alter the math), weights restored, MFU shown."""
     model, step = make_gpt(hidden=HIDDEN)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    cmp = optimize(model, step, recompute="auto", budget_bytes=budget, steps=2, warmup=1,
-                   tokens_per_step=64)
+    cmp = optimize(model, step, recompute="auto", budget_bytes=budget, steps=2,
+        config=nbt.MeasureConfig(warmup=1, tokens_per_step=64))
     assert cmp.before.first_loss is not None
     assert cmp.after.first_loss == pytest.approx(cmp.before.first_loss, rel=1e-5)
     assert cmp.before.final_loss != cmp.before.first_loss  # the measured steps did train
