@@ -131,7 +131,6 @@ def zero_plan_recompute(
     stage: int | None = None,
     blocks: Sequence[str] | None = None,
     steps: int = 2,
-    timed_steps: int | None = None,
     micro_batch_size: int = 8,
     knobs: dict[str, Any] | None = None,
     lr: float = 1e-3,
@@ -147,10 +146,9 @@ def zero_plan_recompute(
             them; None measures only (the table's reference columns, no plans).
         stages: ZeRO stages to try (or ``stage=`` for one).
         blocks: candidate module names; default the model's repeated blocks.
-        steps: timing rounds of the candidate measurement; timed_steps: steps timed per plan
-            (default ``MeasureConfig().steps``).
-        config: a :class:`~nbtoolkit.MeasureConfig` for the steps timed per plan (its ``steps``;
-            ``timed_steps=`` given as well wins) and the synchronisation.
+        steps: timing rounds of the candidate measurement.
+        config: a :class:`~nbtoolkit.MeasureConfig` for the steps timed per plan (its ``steps``,
+            default ``MeasureConfig().steps``) and the synchronisation.
         knobs: further ZeRO settings for :func:`zero_config` (``reduce_bucket_size=...``). Note
             that DeepSpeed's default reduce bucket (5e8 elements) is itself 2 GB of fp32 on each
             rank, allocated during the step, and so counts against the budget.
@@ -163,7 +161,7 @@ def zero_plan_recompute(
         if s not in (1, 2, 3):
             raise NbtUsageError(f"ZeRO stage must be 1, 2 or 3 for a recompute plan, got {s!r}")
     budgets = _budgets(budget)
-    measure = measure_config(config, steps=timed_steps)
+    measure = measure_config(config)
     rows, rank_rows = [], []
     names: list[str] = []
     for s in chosen_stages:
