@@ -18,7 +18,7 @@ from nbtoolkit.core.units import DeviceShare, format_bytes, parse_budget
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["budget_bytes_for", "device_total_memory", "model_device", "model_gpu"]
+__all__ = ["budget_bytes_for", "device_total_memory", "model_device", "model_gpu", "plan_budget"]
 
 
 def model_device(module: Any) -> torch.device:
@@ -62,3 +62,19 @@ def budget_bytes_for(budget: Any, device: Any) -> int:
     if budget_bytes <= 0:  # pragma: no cover - a GPU always has memory
         raise NbtUsageError(f"{parsed} of {format_bytes(size)} is no memory at all: give a larger share")
     return budget_bytes
+
+
+def plan_budget(device: Any, total: Any, step_only: Any) -> tuple[int | None, str]:
+    """A plan's budget: (bytes or None, what it counts: ``"total"``, the device's whole peak, or
+    ``"step"``, what the step allocates above what was live before it). One of the two is given."""
+    if total is not None and step_only is not None:
+        raise NbtUsageError(
+            "give budget_bytes (the device's total peak) or step_budget_bytes (the step's own peak), not both"
+        )
+    if step_only is not None:
+        from nbtoolkit.core.units import parse_bytes
+
+        return parse_bytes(step_only, what="step_budget_bytes"), "step"
+    if total is None:
+        return None, "total"
+    return budget_bytes_for(total, device), "total"

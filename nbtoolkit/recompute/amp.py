@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.recompute.checkpoint import check_module
+from nbtoolkit.recompute.blocks import check_module
 from nbtoolkit.recompute.handle import Applied, replace_forward
 
 if TYPE_CHECKING:

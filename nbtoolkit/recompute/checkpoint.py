@@ -14,42 +14,13 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.recompute.blocks import check_module, resolve_blocks
 from nbtoolkit.recompute.handle import Applied, replace_forward
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["check_module", "checkpoint_blocks", "resolve_blocks"]
-
-
-def check_module(model: Any) -> torch.nn.Module:
-    """The model, if it is a torch.nn.Module; a usage error naming what it got otherwise."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise NbtUsageError(
-            f"model must be a torch.nn.Module, got {type(model).__name__}: pass the module whose "
-            "blocks should be recomputed (e.g. your GPT, not its output or its state_dict)"
-        )
-    return model
-
-
-def resolve_blocks(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Module]:
-    """The submodules named (dotted paths as in ``model.named_modules()``); clear error if unknown."""
-    if isinstance(names, str):
-        names = [names]
-    modules = dict(model.named_modules())
-    missing = [n for n in names if n not in modules or n == ""]
-    if missing:
-        sample = ", ".join([n for n in modules if n][:8])
-        raise NbtUsageError(
-            f"no submodule named {', '.join(map(repr, missing))} in {type(model).__name__}; "
-            f"names are dotted paths as in model.named_modules(), e.g. {sample}"
-        )
-    if len(set(names)) != len(names):
-        raise NbtUsageError(f"a block is named twice in {list(names)}: name each block once")
-    return [modules[n] for n in names]
+__all__ = ["checkpoint_blocks", "checkpoint_modules"]
 
 
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,10 +37,15 @@ def checkpoint_blocks(model: torch.nn.Module, names: Sequence[str]) -> Applied:
     """Wrap each named block of ``model`` in activation checkpointing; ``.undo()`` restores it."""
     check_module(model)
     names = [names] if isinstance(names, str) else list(names)
-    blocks = resolve_blocks(model, names)
+    return checkpoint_modules(dict(zip(names, resolve_blocks(model, names), strict=True)))
+
+
+def checkpoint_modules(blocks: dict[str, torch.nn.Module]) -> Applied:
+    """Wrap each block (name -> module, already resolved) in activation checkpointing; ``.undo()``
+    restores them. The planner, which resolved its candidates once, checkpoints them by module."""
     applied = Applied()
     try:
-        for name, block in zip(names, blocks, strict=True):
+        for name, block in blocks.items():
             applied.add(f"checkpoint {name}", replace_forward(block, _checkpointed))
     except BaseException:
         applied.undo()

@@ -28,7 +28,8 @@ from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.recompute.amp import autocast_model
 from nbtoolkit.recompute.apply_compile import compile_model
-from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
+from nbtoolkit.recompute.blocks import check_module, resolve_blocks
+from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.comparison import Comparison
 from nbtoolkit.recompute.config import OptimizeConfig
 from nbtoolkit.recompute.handle import Applied

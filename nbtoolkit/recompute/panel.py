@@ -197,7 +197,7 @@ class OptimizePanel:
     def apply_and_measure(self) -> Comparison:
         """Run :func:`nbtoolkit.optimize` with the panel's choices; show and return the comparison."""
         from nbtoolkit.core.errors import NbtError
-        from nbtoolkit.core.measure_config import MeasureConfig
+        from nbtoolkit.core.measure_config import measure_config
         from nbtoolkit.recompute.optimize import optimize
 
         best = self.predicted()
@@ -210,7 +210,7 @@ class OptimizePanel:
             comparison = optimize(
                 self.model, self.step, compile=compile_arg, recompute=blocks or None,
                 amp=self.amp.value, progress=self._report,
-                config=MeasureConfig(steps=self.steps, warmup=self.warmup),
+                config=measure_config(steps=self.steps, warmup=self.warmup),
             )
         except NbtError as exc:
             self.status.value = f"<b>{escape(type(exc).__name__)}</b>: {escape(exc)}"

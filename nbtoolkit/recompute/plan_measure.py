@@ -17,17 +17,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.device_memory import model_gpu
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig
 from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.memory.profile import TOTAL_UNKNOWN, MemorySeries, mark
-from nbtoolkit.recompute.checkpoint import checkpoint_blocks
+from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.recompute.measure import profile_memory_series, run_step
 
 if TYPE_CHECKING:
     import torch
+
+    from nbtoolkit.recompute.blocks import Candidates
 
 __all__ = ["measure_recompute_costs", "measurement_runs"]
 
@@ -135,31 +136,34 @@ def measurement_runs(n_blocks: int, steps: int) -> int:
 
 
 def measure_recompute_costs(
-    module: torch.nn.Module,
     step: Callable[[], Any],
-    names: Sequence[str],
-    blocks: Sequence[torch.nn.Module],
+    candidates: Candidates,
     *,
+    device: torch.device | None,
     steps: int,
     tick: Callable[[str], None],
     total: bool = True,
 ) -> RecomputeCosts:
-    """Steps 2-4 for the blocks ``names`` (their modules ``blocks``); ``tick(what)`` after each run.
+    """Steps 2-4 for the candidate blocks; ``tick(what)`` after each run. ``device``: the GPU the
+    model is on, None on the CPU (the memory profiler's ``device=``; on the CPU a step's cost is
+    its processor time).
 
     ``total``: the device's total peak is needed (a budget of it); a CaptureError says so when
     it cannot be measured.
     """
-    names = list(names)
+    names = candidates.names
+    blocks = list(candidates.blocks.values())
     n = len(names)
     probe = _BlockProbe(blocks)
     try:
         probe.recording_times = False
         run_step(step, "warm-up step")  # optimizer state, lazy buffers
         tick("warm-up step")
-        step_times, cost = _recompute_times(module, step, names, probe, steps=steps, tick=tick)
+        step_times, cost = _recompute_times(
+            candidates, step, probe, steps=steps, cpu=device is None, tick=tick
+        )
         forward = [min(t) if t else 0.0 for t in probe.forward_times]
         probe.new_step()
-        device = model_gpu(module)
         # the baseline is also measured whole (categories and the device's total), for budgets
         # of the device's total peak and for saying what of it no recomputation changes
         baseline, by_category, _ = profile_memory_series(step, categories=True, total=True, device=device)
@@ -173,7 +177,7 @@ def measure_recompute_costs(
             raise NbtUsageError(
                 f"block(s) {', '.join(never)} did not run during the step: name blocks the step uses"
             )
-        saved = _savings(module, step, names, probe, baseline, tick=tick)
+        saved = _savings(candidates, step, probe, baseline, device=device, tick=tick)
     finally:
         probe.remove()
     levels, alive = phases(baseline, n)
@@ -197,7 +201,12 @@ def measure_recompute_costs(
         baseline_step_time_s=statistics.median(step_times),
         notes=tuple(notes),
         fixed_bytes=baseline.outside_bytes or 0,
-        fixed_by_category=_fixed_parts(module, by_category),
+        # what no recomputation changes: parameters, optimizer state and inputs at the peak, gradients
+        fixed_by_category={
+            **{ours: int(by_category[torch_name]) for torch_name, ours in _FIXED_CATEGORIES.items()
+               if by_category.get(torch_name)},
+            "gradient": candidates.gradient_bytes,
+        },
     )
 
 
@@ -205,27 +214,20 @@ def measure_recompute_costs(
 _FIXED_CATEGORIES = {"PARAMETER": "parameter", "OPTIMIZER_STATE": "optimizer_state", "INPUT": "input"}
 
 
-def _fixed_parts(module: torch.nn.Module, by_category: dict[str, int]) -> dict[str, int]:
-    """Bytes of parameters, optimizer state and inputs at the baseline peak, and of the gradients."""
-    parts = {ours: int(by_category[torch_name]) for torch_name, ours in _FIXED_CATEGORIES.items()
-             if by_category.get(torch_name)}
-    parts["gradient"] = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    return parts
-
-
 def _recompute_times(
-    module: torch.nn.Module,
+    candidates: Candidates,
     step: Callable[[], Any],
-    names: list[str],
     probe: _BlockProbe,
     *,
     steps: int,
+    cpu: bool,
     tick: Callable[[str], None],
 ) -> tuple[list[float], list[float]]:
     """(plain step times, per block the step-time increase when only it is checkpointed) (step 2)."""
     # on the CPU the step's cost is its processor time, which a busy machine does not inflate
     # (wall time there is mostly waiting for a core); on a GPU it is wall time
-    cpu_clock = all(p.device.type == "cpu" for p in module.parameters())
+    cpu_clock = cpu
+    names = candidates.names
     step_times: list[float] = []
     with_block: list[list[float]] = [[] for _ in names]
     for _ in range(steps):
@@ -237,7 +239,7 @@ def _recompute_times(
         probe.recording_times = False
         tick("timed step")
         for i, name in enumerate(names):
-            applied = checkpoint_blocks(module, [name])
+            applied = checkpoint_modules({name: candidates.blocks[name]})
             try:
                 probe.new_step()
                 with_block[i].append(_timed(step, cpu=cpu_clock))
@@ -251,23 +253,24 @@ def _recompute_times(
 
 
 def _savings(
-    module: torch.nn.Module,
+    candidates: Candidates,
     step: Callable[[], Any],
-    names: list[str],
     probe: _BlockProbe,
     baseline: MemorySeries,
     *,
+    device: torch.device | None,
     tick: Callable[[str], None],
 ) -> list[int]:
     """Per block, the live bytes at the last block's forward end that checkpointing it removes (step 4)."""
+    names = candidates.names
     last = max(range(len(names)), key=lambda i: baseline.marks[f"fwd_end:{i}"])
     reference = baseline.level_at(baseline.marks[f"fwd_end:{last}"])
     saved = []
     for name in names:
-        applied = checkpoint_blocks(module, [name])
+        applied = checkpoint_modules({name: candidates.blocks[name]})
         try:
             probe.new_step()
-            series, _, _ = profile_memory_series(step, device=model_gpu(module))
+            series, _, _ = profile_memory_series(step, device=device)
         finally:
             applied.undo()
         tick(f"profiled step with {name} checkpointed")

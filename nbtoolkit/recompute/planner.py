@@ -72,11 +72,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.core.device_memory import budget_bytes_for, model_device, model_gpu
+from nbtoolkit.core.device_memory import model_device, plan_budget
 from nbtoolkit.core.errors import NbtUsageError, PlanError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.units import format_bytes, parse_bytes
-from nbtoolkit.recompute.checkpoint import check_module, checkpoint_blocks, resolve_blocks
+from nbtoolkit.core.units import format_bytes
+from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_module
+from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.config import RecomputeConfig
 from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
@@ -87,30 +88,10 @@ from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["find_repeated_blocks", "plan_recompute"]
+__all__ = ["plan_recompute"]
 
 #: Re-plans after a verified peak came out over the budget (step 8).
 _VERIFY_ATTEMPTS = 3
-
-
-def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
-    """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""
-    best: tuple[int, int, list[str]] | None = None
-    for parent_name, parent in model.named_modules():
-        groups: dict[type, list[tuple[str, Any]]] = {}
-        for child_name, child in parent.named_children():
-            if next(child.children(), None) is None:  # leaf modules (Linear, LayerNorm) are not blocks
-                continue
-            groups.setdefault(type(child), []).append((child_name, child))
-        for members in groups.values():
-            if len(members) < 2:
-                continue
-            params = sum(p.numel() for _, child in members for p in child.parameters())
-            names = [f"{parent_name}.{n}" if parent_name else n for n, _ in members]
-            key = (params, len(names))
-            if best is None or key > best[:2]:
-                best = (params, len(names), names)
-    return best[2] if best else []
 
 
 def plan_recompute(
@@ -157,20 +138,14 @@ def plan_recompute(
     """
     module = check_module(model)
     check_step(step)
-    budget, kind = _budget(module, budget_bytes, step_budget_bytes)
+    device = model_device(module)
+    budget, kind = plan_budget(device, budget_bytes, step_budget_bytes)
     config = _config(config, blocks=blocks, steps=steps, verify=verify)
-    if config.blocks is None:
-        names = find_repeated_blocks(module)
-        if not names:
-            raise PlanError(
-                f"{type(module).__name__} has no repeated blocks (no two non-leaf children of the same class "
-                "under one parent) to choose from: name the modules to consider with blocks=['layer1', ...]"
-            )
-    else:
-        names = list(config.blocks)
-    modules = resolve_blocks(module, names)
+    # from here on the plan works with the candidate modules themselves, never the model
+    candidates = candidate_blocks(module, config.blocks)
+    gpu = device if device.type == "cuda" else None  # the memory profiler's device= (None: the CPU)
     verifying = config.verify and budget is not None
-    total_runs = measurement_runs(len(names), config.steps) + (1 if verifying else 0)
+    total_runs = measurement_runs(len(candidates.blocks), config.steps) + (1 if verifying else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -180,26 +155,13 @@ def plan_recompute(
             progress(min(done, total_runs), total_runs, what)
 
     costs = measure_recompute_costs(
-        module, step, names, modules, steps=config.steps, tick=tick, total=kind == "total"
+        step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total"
     )
     plan = solve_recompute(costs, budget, budget_kind=kind)
     if verifying and plan.blocks:
         assert budget is not None
-        plan = _verified(module, step, costs, plan, budget, tick=tick)
+        plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
     return plan
-
-
-def _budget(module: Any, total: Any, step_only: Any) -> tuple[int | None, str]:
-    """(the budget in bytes or None, what it counts: ``"total"`` or ``"step"``)."""
-    if total is not None and step_only is not None:
-        raise NbtUsageError(
-            "give budget_bytes (the device's total peak) or step_budget_bytes (the step's own peak), not both"
-        )
-    if step_only is not None:
-        return parse_bytes(step_only, what="step_budget_bytes"), "step"
-    if total is None:
-        return None, "total"
-    return budget_bytes_for(total, model_device(module)), "total"
 
 
 def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> RecomputeConfig:
@@ -223,23 +185,23 @@ def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> Rec
 
 
 def _verified(
-    module: torch.nn.Module,
     step: Any,
+    candidates: Candidates,
     costs: RecomputeCosts,
     plan: RecomputePlan,
     budget: int,
     *,
+    device: torch.device | None,
     tick: Callable[[str], None],
 ) -> RecomputePlan:
     """Step 8: apply the plan, measure its peak; re-plan under a lowered budget while it is over."""
     notes = list(plan.notes)
     measured = 0
     total = plan.budget_kind == "total"
-    gpu = model_gpu(module)
     for _attempt in range(_VERIFY_ATTEMPTS):
-        applied = checkpoint_blocks(module, plan.blocks)
+        applied = checkpoint_modules({name: candidates.blocks[name] for name in plan.blocks})
         try:
-            series, _, _ = profile_memory_series(step, total=total, device=gpu)
+            series, _, _ = profile_memory_series(step, total=total, device=device)
         finally:
             applied.undo()
         whole = series.total_peak_bytes

@@ -11,9 +11,10 @@ import torch
 
 from nbtoolkit.core.errors import NbtUsageError, PlanError, StepError
 from nbtoolkit.core.units import parse_bytes
+from nbtoolkit.recompute.blocks import find_repeated_blocks
 from nbtoolkit.recompute.measure import profile_memory_series
 from nbtoolkit.recompute.plan import RecomputePlan
-from nbtoolkit.recompute.planner import find_repeated_blocks, plan_recompute
+from nbtoolkit.recompute.planner import plan_recompute
 from nbtoolkit.recompute.solver import predict_peak, solve_plan
 from tests.optimize._models import NoRepeats, make_gpt
 

@@ -90,26 +90,21 @@ def recompute_on_rank(
     from nbtoolkit.core.device_memory import model_gpu
     from nbtoolkit.core.errors import PlanError
     from nbtoolkit.integrations.deepspeed.rank import _engine_and_step
-    from nbtoolkit.recompute.checkpoint import checkpoint_blocks, resolve_blocks
+    from nbtoolkit.recompute.blocks import candidate_blocks
+    from nbtoolkit.recompute.checkpoint import checkpoint_blocks
     from nbtoolkit.recompute.costs import RecomputeCosts
     from nbtoolkit.recompute.measure import profile_memory_series
     from nbtoolkit.recompute.plan_measure import measure_recompute_costs
-    from nbtoolkit.recompute.planner import find_repeated_blocks
     from nbtoolkit.recompute.solver import solve_recompute
 
     rank = dist.get_rank()
     engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
     try:
         module = engine.module
-        names = list(blocks) if blocks else find_repeated_blocks(module)
-        if not names:
-            raise PlanError(
-                f"{type(module).__name__} has no repeated blocks to choose from: name them with blocks=[...]"
-            )
+        candidates = candidate_blocks(module, list(blocks) if blocks else None)
+        names = candidates.names
         gpu = model_gpu(module)
-        costs = measure_recompute_costs(
-            module, step, names, resolve_blocks(module, names), steps=steps, tick=lambda _: None
-        )
+        costs = measure_recompute_costs(step, candidates, device=gpu, steps=steps, tick=lambda _: None)
         everyone = _gathered(costs)  # a collective: every rank calls it
         merged = RecomputeCosts.worst_of(everyone) if rank == 0 else None
         measured: dict[tuple[str, ...], dict[str, list[Any]]] = {}

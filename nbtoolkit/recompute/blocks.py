@@ -1,0 +1,96 @@
+"""Which modules a recomputation plan may checkpoint: the model checked, its repeated blocks found,
+names resolved to submodules, once.
+
+The planner resolves its candidates here once and then works with the modules themselves
+(:class:`Candidates`), so measuring, checkpointing and verifying never look the model up again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.errors import NbtUsageError, PlanError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Candidates", "candidate_blocks", "check_module", "find_repeated_blocks", "resolve_blocks"]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The blocks a plan chooses from: name -> submodule in model order, and what the model holds
+    whatever is recomputed (its gradients' bytes)."""
+
+    blocks: dict[str, torch.nn.Module]
+    gradient_bytes: int
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.blocks)
+
+
+def check_module(model: Any) -> torch.nn.Module:
+    """The model, if it is a torch.nn.Module; a usage error naming what it got otherwise."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise NbtUsageError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}: pass the module whose "
+            "blocks should be recomputed (e.g. your GPT, not its output or its state_dict)"
+        )
+    return model
+
+
+def resolve_blocks(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Module]:
+    """The submodules named (dotted paths as in ``model.named_modules()``); clear error if unknown."""
+    if isinstance(names, str):
+        names = [names]
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules or n == ""]
+    if missing:
+        sample = ", ".join([n for n in modules if n][:8])
+        raise NbtUsageError(
+            f"no submodule named {', '.join(map(repr, missing))} in {type(model).__name__}; "
+            f"names are dotted paths as in model.named_modules(), e.g. {sample}"
+        )
+    if len(set(names)) != len(names):
+        raise NbtUsageError(f"a block is named twice in {list(names)}: name each block once")
+    return [modules[n] for n in names]
+
+
+def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
+    """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""
+    best: tuple[int, int, list[str]] | None = None
+    for parent_name, parent in model.named_modules():
+        groups: dict[type, list[tuple[str, Any]]] = {}
+        for child_name, child in parent.named_children():
+            if next(child.children(), None) is None:  # leaf modules (Linear, LayerNorm) are not blocks
+                continue
+            groups.setdefault(type(child), []).append((child_name, child))
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            params = sum(p.numel() for _, child in members for p in child.parameters())
+            names = [f"{parent_name}.{n}" if parent_name else n for n, _ in members]
+            key = (params, len(names))
+            if best is None or key > best[:2]:
+                best = (params, len(names), names)
+    return best[2] if best else []
+
+
+def candidate_blocks(module: torch.nn.Module, names: Sequence[str] | None) -> Candidates:
+    """The named blocks of ``module`` (a checked module), or its repeated blocks when ``names`` is None."""
+    if names is None:
+        names = find_repeated_blocks(module)
+        if not names:
+            raise PlanError(
+                f"{type(module).__name__} has no repeated blocks (no two non-leaf children of the same class "
+                "under one parent) to choose from: name the modules to consider with blocks=['layer1', ...]"
+            )
+    names = [names] if isinstance(names, str) else list(names)
+    modules = resolve_blocks(module, names)
+    gradient = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return Candidates(dict(zip(names, modules, strict=True)), gradient)
