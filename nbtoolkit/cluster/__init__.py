@@ -1,1 +1,1 @@
-"""Cluster: the only layer that knows Ray; runs capture on remote ranks and ships model objects back."""
+"""Cluster: the only package that knows Ray; runs a feature's capture on remote ranks, ships results back."""

@@ -1,9 +1,8 @@
 """What the cluster gives back, as plain data: results of a call on the ranks, status, fetched files.
 
-:class:`nbtoolkit.cluster.cluster.Cluster` produces these; they live in the model layer so
-that views, magics and reports can show them without importing the Ray side (and so that
-``cluster`` and ``views`` no longer import each other). Everything shown comes from the
-ranks (values, tracebacks, hostnames, causes) and is escaped in HTML.
+:class:`nbtoolkit.cluster.cluster.Cluster` produces these; they live apart from it (and import
+nothing of Ray) so that figures, magics and reports can show them without importing the Ray side.
+Everything shown comes from the ranks (values, tracebacks, hostnames, causes) and is escaped in HTML.
 
 The cluster's defaults are declared here, once: the magics and ``Cluster`` both read them.
 """

@@ -118,7 +118,7 @@ class RemoteCellError(ClusterError):
     """
 
     def __init__(self, run: Any) -> None:
-        # ``run`` is typed loosely: the base layer imports nothing of nbtoolkit (RemoteRun is a model).
+        # ``run`` is typed loosely: core imports no feature (RemoteRun is the cluster's).
         self.run = run
         self.errors: dict[int, str] = dict(run.errors)
         self.dead: dict[int, str] = dict(run.dead)

@@ -2,8 +2,8 @@
 
 :func:`measure_recompute_costs` runs the step (it trains the model for real) and returns a
 :class:`~nbtoolkit.recompute.costs.RecomputeCosts`; the solver
-(``nbtoolkit.recompute.solver``) never runs anything. Memory is read through the capture
-layer's one walker of torch's memory profiler (``nbtoolkit.memory.profile``),
+(``nbtoolkit.recompute.solver``) never runs anything. Memory is read through the memory
+feature's one walker of torch's memory profiler (``nbtoolkit.memory.profile``),
 with markers put in by forward hooks on the blocks. The method is written out in
 ``nbtoolkit.recompute.planner``.
 
