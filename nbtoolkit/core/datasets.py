@@ -36,7 +36,7 @@ from nbtoolkit.core.errors import DataError, DataUnavailableError, NbtUsageError
 
 __all__ = ["Artifact", "DataRegistry", "data_folders", "locate_data"]
 
-REGISTRY_FILE = Path(__file__).with_name("data") / "registry.csv"
+REGISTRY_FILE = Path(__file__).parents[1] / "data" / "registry.csv"
 # A source checkout (editable install) has the repository root two levels above this file;
 # the project's own machines keep the fixtures beside it.
 CHECKOUT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
