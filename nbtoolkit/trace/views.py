@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.trace.trace import StragglerReport, Trace
 
-__all__ = ["OverlapReport", "TraceReport", "overlap_chart", "timeline"]
+__all__ = ["TraceReport", "overlap_chart", "timeline"]
 
 COLOURS = {
     "compute": "#4C78A8",
@@ -239,40 +239,6 @@ class _FigureDisplay(Result):
         display(self._repr_mimebundle_(), raw=True)
         for fig in self._figures():
             display(fig)
-
-
-@dataclass(repr=False, eq=False)
-class OverlapReport(_FigureDisplay):
-    """What ``%nbt overlap`` shows: ``nbt.comm_comp_overlap``'s table per rank and its bar chart.
-
-    ``OverlapReport.of(traces)`` takes what ``comm_comp_overlap`` takes (a Trace, a trace file or
-    folder of per-rank traces, or a TraceSummary); ``table`` is that function's own DataFrame.
-    """
-
-    table: pd.DataFrame
-
-    @classmethod
-    def of(cls, traces: Any) -> OverlapReport:
-        from nbtoolkit.trace.overlap import comm_comp_overlap
-
-        return cls(table=comm_comp_overlap(traces))
-
-    def _text(self) -> str:
-        lines = [
-            "Communication/computation overlap per rank (µs):",
-            self.table.round(2).to_string(index=False),
-        ]
-        if (self.table["method"] == "cpu-gloo").any():
-            lines.append("cpu-gloo: gloo collectives vs the rank's own operators (see nbt.comm_comp_overlap)")
-        return "\n".join(lines)
-
-    def _html(self) -> str:
-        return "<p><b>Communication/computation overlap per rank</b> (µs)</p>" + html_table(
-            self.table, max_rows=64
-        )
-
-    def _figures(self) -> list[Any]:
-        return [overlap_chart(self.table)]
 
 
 @dataclass(repr=False, eq=False)

@@ -246,7 +246,11 @@ def fuzz() -> None:
     import nbtoolkit as nbt
 
     readers, inputs = _readers(), _inputs()
-    reader_modules = ("nbtoolkit.trace.kineto", "nbtoolkit.compile.log_reader", "nbtoolkit.memory.snapshot_reader")
+    reader_modules = (
+        "nbtoolkit.trace.kineto",
+        "nbtoolkit.compile.log_reader",
+        "nbtoolkit.memory.snapshot_reader",
+    )
     for module in reader_modules:
         __import__(module)
     nbt.MemorySnapshot  # import the model classes before the memory limit
