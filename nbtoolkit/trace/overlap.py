@@ -39,6 +39,7 @@ from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.profiler_steps import step_number_table
 from nbtoolkit.trace import _kernels as k
 from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
+from nbtoolkit.trace.kernel_types import COMM_PREFIXES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +50,6 @@ __all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_st
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
-COMM_PREFIXES = ("gloo:", "c10d", "nccl:", "record_param_comms", "ProcessGroup", "_c10d", "hccl:")
 Intervals = tuple[np.ndarray, np.ndarray]
 
 

@@ -131,6 +131,12 @@ class Trace(Result):
         """The events frame of ``rank`` (a clear error for a rank that is not there), or of every rank."""
         return [self.rank_events(r) for r in ([rank] if rank is not None else self.ranks)]
 
+    def _report_figures(self) -> list[Any]:
+        """Figures nbt.report embeds with this trace: the timeline of its first ranks."""
+        from nbtoolkit.trace.timeline_figure import timeline
+
+        return [timeline(self)]
+
     def _header_lines(self) -> list[str]:
         n_events = sum(len(f) for f in self.events.values())
         ranks = self.ranks
