@@ -52,7 +52,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "MemorySnapshot": "nbtoolkit.memory.snapshot",
     "MemoryTimeline": "nbtoolkit.memory.timeline",
     "OptimizeConfig": "nbtoolkit.recompute.config",
-    "OverlapReport": "nbtoolkit.trace.views",
+    "OverlapReport": "nbtoolkit.trace.overlap_report",
     "RankMemory": "nbtoolkit.memory.rank_memory",
     "RecomputeConfig": "nbtoolkit.recompute.config",
     "RecomputePlan": "nbtoolkit.recompute.plan",
@@ -62,13 +62,13 @@ _LAZY_EXPORTS: dict[str, str] = {
     "TraceReport": "nbtoolkit.trace.views",
     "TraceSummary": "nbtoolkit.trace.summary",
     "capture_graphs": "nbtoolkit.compile.capture",
-    "comm_comp_overlap": "nbtoolkit.trace.overlap",
-    "compare": "nbtoolkit.trace.diff",
+    "comm_comp_overlap": "nbtoolkit.trace.api",
+    "compare": "nbtoolkit.trace.api",
     "critical_path": "nbtoolkit.trace.critical_path_analysis",
     "critical_path_by_rank": "nbtoolkit.trace.critical_path_analysis",
     "export_memory_snapshot": "nbtoolkit.memory.snapshot_export",
-    "idle_breakdown": "nbtoolkit.trace.breakdown",
-    "kernel_breakdown": "nbtoolkit.trace.breakdown",
+    "idle_breakdown": "nbtoolkit.trace.api",
+    "kernel_breakdown": "nbtoolkit.trace.api",
     "load_compile_log": "nbtoolkit.compile.log_reader",
     "load_flight_recorder": "nbtoolkit.cluster.flight_recorder",
     "load_memory_snapshot": "nbtoolkit.memory.snapshot_reader",
@@ -88,9 +88,9 @@ _LAZY_EXPORTS: dict[str, str] = {
     "report": "nbtoolkit.report.report",
     "roofline": "nbtoolkit.trace.roofline_analysis",
     "step_metrics": "nbtoolkit.metrics.measure",
-    "stragglers": "nbtoolkit.trace.stragglers",
+    "stragglers": "nbtoolkit.trace.api",
     "summarize_traces": "nbtoolkit.trace.summarize_folder",
-    "temporal_breakdown": "nbtoolkit.trace.breakdown",
+    "temporal_breakdown": "nbtoolkit.trace.api",
     "timeline_widget": "nbtoolkit.trace.timeline_widget",
 }
 
@@ -188,18 +188,23 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.recompute.plan import RecomputePlan
     from nbtoolkit.recompute.planner import plan_recompute
     from nbtoolkit.report.report import report
-    from nbtoolkit.trace.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
+    from nbtoolkit.trace.api import (
+        comm_comp_overlap,
+        compare,
+        idle_breakdown,
+        kernel_breakdown,
+        stragglers,
+        temporal_breakdown,
+    )
     from nbtoolkit.trace.critical_path import CriticalPath
     from nbtoolkit.trace.critical_path_analysis import critical_path, critical_path_by_rank
-    from nbtoolkit.trace.diff import compare
     from nbtoolkit.trace.kineto import load_trace
-    from nbtoolkit.trace.overlap import comm_comp_overlap
+    from nbtoolkit.trace.overlap_report import OverlapReport
     from nbtoolkit.trace.profile import profile
     from nbtoolkit.trace.roofline import Roofline
     from nbtoolkit.trace.roofline_analysis import roofline
-    from nbtoolkit.trace.stragglers import stragglers
     from nbtoolkit.trace.summarize_folder import summarize_traces
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.timeline_widget import timeline_widget
     from nbtoolkit.trace.trace import Trace
-    from nbtoolkit.trace.views import OverlapReport, TraceReport
+    from nbtoolkit.trace.views import TraceReport

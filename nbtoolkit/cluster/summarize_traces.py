@@ -146,8 +146,9 @@ def load_ranks_on_cluster(
 
 def _redo_on_rank(file: str, labels: list[str]) -> dict[str, Any]:
     from nbtoolkit.trace.kineto import load_rank_file
+    from nbtoolkit.trace.summarize_rank import summarize_trace
 
-    return load_rank_file(Path(file)).summarize(step_labels=labels).to_records()
+    return summarize_trace(load_rank_file(Path(file)), step_labels=labels).to_records()
 
 
 def _assign(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.result import escape
 from nbtoolkit.core.units import format_bytes, format_seconds
+from nbtoolkit.recompute.tradeoff_figure import tradeoff_figure
 
 if TYPE_CHECKING:
     from nbtoolkit.recompute.comparison import Comparison
@@ -22,50 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["OptimizePanel", "optimize_panel", "plan_summary_html", "tradeoff_figure", "zero_recompute_figure"]
 
 _MIB = 2**20
-
-
-def tradeoff_figure(plan: RecomputePlan, *, budget_bytes: float | None = None) -> Any:
-    """Plotly figure: predicted peak memory (MiB) against predicted overhead (ms) for every front plan.
-
-    The chosen plan is highlighted; a horizontal line marks the budget. Hover shows the blocks.
-    """
-    import plotly.graph_objects as go
-
-    front = plan.tradeoff
-    budget = plan.budget_bytes if budget_bytes is None else budget_bytes
-    best = plan.best_for(budget)
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=[v * 1e3 for v in front["predicted_overhead_s"]],
-            y=[v / _MIB for v in front["predicted_peak_bytes"]],
-            mode="lines+markers",
-            line={"shape": "hv"},
-            name="trade-off front",
-            text=[escape(b or "(none)") for b in front["blocks"]],
-            hovertemplate="%{text}<br>+%{x:.2f} ms, %{y:.2f} MiB<extra></extra>",
-        )
-    )
-    if best is not None:
-        fig.add_trace(
-            go.Scatter(
-                x=[best["predicted_overhead_s"] * 1e3],
-                y=[best["predicted_peak_bytes"] / _MIB],
-                mode="markers",
-                marker={"size": 14, "symbol": "star"},
-                name="chosen",
-            )
-        )
-    fig.add_hline(y=budget / _MIB, line_dash="dash", annotation_text="budget")
-    fig.update_layout(
-        title="Recomputation: predicted peak memory vs extra time per step",
-        xaxis_title="predicted extra time per step (ms)",
-        yaxis_title=f"predicted peak memory, {'device total' if plan.budget_kind == 'total' else 'step'}"
-        " (MiB)",
-        height=360,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
-    )
-    return fig
 
 
 def zero_recompute_figure(table: Any) -> Any:

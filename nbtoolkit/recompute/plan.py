@@ -160,6 +160,12 @@ class RecomputePlan(Result):
         return checkpoint_blocks(model, self.blocks)
 
     # ---- display ----
+    def _report_figures(self) -> list[Any]:
+        """Figures nbt.report embeds with this plan: the memory/time trade-off front."""
+        from nbtoolkit.recompute.tradeoff_figure import tradeoff_figure
+
+        return [tradeoff_figure(self)]
+
     def _summary_lines(self) -> list[str]:
         measured = (
             f", {format_bytes(self.measured_peak_bytes)} measured" if self.measured_peak_bytes else ""

@@ -83,28 +83,12 @@ def _is_plotly_figure(obj: Any) -> bool:
     return type(obj).__module__.startswith("plotly.") and hasattr(obj, "to_html")
 
 
-# Figures for model objects that keep no view code of their own (the model layer imports no
-# plotting): "module:Class" -> "module:function(obj) -> figure". Imported only when used.
-_FIGURE_MAKERS: dict[str, str] = {
-    "nbtoolkit.trace.trace:Trace": "nbtoolkit.trace.views:timeline",
-    "nbtoolkit.compile.report:GraphReport": "nbtoolkit.compile.figures:compile_time_chart",
-    "nbtoolkit.recompute.plan:RecomputePlan": "nbtoolkit.recompute.panel:tradeoff_figure",
-}
-
-
 def _figures_of(obj: Any) -> list[Any]:
     if _is_plotly_figure(obj):
         return [obj]
     maker = getattr(obj, "_report_figures", None)
     if maker is not None:
         return [fig for fig in maker() if _is_plotly_figure(fig)]
-    key = f"{type(obj).__module__}:{type(obj).__name__}"
-    if key in _FIGURE_MAKERS:
-        import importlib
-
-        module_name, function_name = _FIGURE_MAKERS[key].split(":")
-        figure = getattr(importlib.import_module(module_name), function_name)(obj)
-        return [figure] if _is_plotly_figure(figure) else []
     return []
 
 

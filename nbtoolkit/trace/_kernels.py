@@ -23,55 +23,39 @@ breakdowns and overlap give HTA's numbers on the same trace:
 
 from __future__ import annotations
 
-import re
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nbtoolkit.core.profiler_steps import profiler_step_names
+from nbtoolkit.trace.kernel_types import (
+    _SYNC_NAMES,
+    COMMUNICATION,
+    COMPUTATION,
+    MEMORY,
+    OTHER,
+    kernel_type,
+    kernel_type_table,
+    kernel_types,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.trace.trace import Trace
 
-__all__ = ["COMMUNICATION", "COMPUTATION", "MEMORY", "OTHER", "DeviceView", "device_view", "kernel_types"]
-
-COMMUNICATION = "COMMUNICATION"
-MEMORY = "MEMORY"
-COMPUTATION = "COMPUTATION"
-OTHER = "OTHER"
-
-# HTA's rule is ``^nccl.*Kernel`` (NCCL, and RCCL, whose kernels keep NCCL's names); HCCL
-# kernels (Habana/Ascend collectives) are added: no HTA reference trace has such names.
-_COMM_RE = re.compile(r"^nccl.*Kernel|^(hccl|Hccl|HCCL|hcom_)")
-_MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
-_SYNC_NAMES = ("Event Sync", "Context Sync")
-
-
-@lru_cache(maxsize=1 << 16)
-def kernel_type(name: str) -> str:
-    """HTA's kernel type of one device event name (cached: hundreds of ranks share their kernel names)."""
-    if _COMM_RE.match(name):
-        return COMMUNICATION
-    if _MEMORY_RE.match(name):
-        return MEMORY
-    if _NOT_COMPUTE_RE.match(name):
-        return OTHER
-    return COMPUTATION
-
-
-def kernel_types(names: pd.Series) -> np.ndarray:
-    """Kernel type per row of a categorical name column (classified once per distinct name)."""
-    return kernel_type_table(names.cat.categories)[names.cat.codes.to_numpy()]
-
-
-def kernel_type_table(categories: pd.Index) -> np.ndarray:
-    """Kernel type per category code of a name column, plus a trailing OTHER for code -1 (missing)."""
-    return np.array([kernel_type(str(c)) for c in categories.to_numpy()] + [OTHER], dtype=object)
-
+__all__ = [
+    "COMMUNICATION",
+    "COMPUTATION",
+    "MEMORY",
+    "OTHER",
+    "DeviceView",
+    "device_view",
+    "kernel_type",
+    "kernel_type_table",
+    "kernel_types",
+]
 
 class DeviceView:
     """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import TraceError
 from nbtoolkit.trace._kineto_json import split_phases, unknown_phases
-from nbtoolkit.trace.trace import COLLECTIVE_COLUMNS
+from nbtoolkit.trace.records import COLLECTIVE_COLUMNS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -97,7 +97,7 @@ class EventColumns:
         import numpy as np
         import pandas as pd
 
-        from nbtoolkit.trace.trace import empty_collectives
+        from nbtoolkit.trace.records import empty_collectives
 
         file = self.file
         cols = {c: np.concatenate(p) for c, p in self.parts.items()}

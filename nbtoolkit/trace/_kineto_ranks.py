@@ -18,7 +18,7 @@ from nbtoolkit.trace._kineto_json import Document
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.trace import RankInfo
+    from nbtoolkit.trace.records import RankInfo
 
 __all__ = ["check_same_job", "detect_device_type", "rank_from_file_name", "read_rank_info"]
 
@@ -37,7 +37,7 @@ def rank_from_file_name(name: str) -> int | None:
 
 def read_rank_info(file: Path, doc: Document) -> RankInfo:
     """The rank's metadata from the document's fields (``thread_names``/``device_type`` come later)."""
-    from nbtoolkit.trace.trace import RankInfo
+    from nbtoolkit.trace.records import RankInfo
 
     notes: list[str] = []
     dist = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.core.inputs import as_trace
 from nbtoolkit.trace import _kernels as k
-from nbtoolkit.trace._intervals import intersection_length, self_times
+from nbtoolkit.trace._intervals import intersection_length
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,33 +34,9 @@ TEMPORAL_COLUMNS = [
 
 
 def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.DataFrame:
-    """Idle, compute and non-compute time per rank (HTA's ``get_temporal_breakdown``).
-
-    On a rank with device kernels (GPU, MTIA ...):
-
-    - ``span_us``: from the start of the first kernel to the end of the last (HTA's
-      ``kernel_time``), kernels of the analysed steps only;
-    - ``idle_us``: time in the span when no kernel of any type runs on any stream;
-    - ``compute_us``: time when at least one COMPUTATION kernel runs (union of intervals);
-    - ``non_compute_us``: the rest of the busy time: only communication, memory copies
-      or sync events run. ``idle + compute + non_compute = span``.
-
-    HTA computes the same three numbers; it rounds percentages to 2 decimals, we give them
-    unrounded. Where HTA trips its own ``non_compute_time >= 0`` assertion (sub-µs events
-    whose rounded end falls before their rounded start, e.g. ns-resolution H100 traces)
-    nbtoolkit clips those events to zero length and stays consistent.
-
-    On a rank without device kernels (a CPU/gloo run), the same identity is computed on
-    the host: ``span_us`` from the first to the last host operator or collective,
-    ``compute_us`` = union of the rank's own operators (see :func:`comm_comp_overlap`
-    for which events count), ``non_compute_us`` = collective time not covered by
-    compute, ``idle_us`` = the rest of the span.
-
-    Args:
-        include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
-            Traces with fewer than two ProfilerStep labels are never filtered.
+    """Idle, compute and non-compute time per rank of a loaded Trace: the analysis behind
+    ``nbt.temporal_breakdown`` (definitions in :func:`nbtoolkit.trace.api.temporal_breakdown`).
     """
-    trace = as_trace(trace, what="temporal_breakdown()")
     import pandas as pd
 
     rows = []
@@ -101,19 +76,9 @@ def kernel_breakdown(
     include_last_step: bool = False,
     include_memory: bool = True,
 ) -> KernelBreakdown:
-    """Device time per kernel type and per kernel (HTA's ``get_gpu_kernel_breakdown``).
-
-    ``by_type`` (summed over ranks): for every combination of kernel types running at the
-    same moment, how long it ran, e.g. ``COMPUTATION``, ``COMMUNICATION``,
-    ``COMPUTATION overlapping COMMUNICATION``; each kernel type's intervals are merged
-    first, so a moment is counted once. Columns ``kernel_type, sum_us, percentage``
-    (HTA's numbers; HTA rounds the percentage to 1 decimal).
-
-    ``by_kernel``: one row per rank, kernel type and kernel name: ``calls``, ``sum_us``,
-    ``mean_us``, ``max_us``, ``min_us``, ``std_us`` (every kernel; HTA folds the tail into
-    "others", we keep all names).
+    """Device time per kernel type and per kernel of a loaded Trace: the analysis behind
+    ``nbt.kernel_breakdown`` (definitions in :func:`nbtoolkit.trace.api.kernel_breakdown`).
     """
-    trace = as_trace(trace, what="kernel_breakdown()")
     import pandas as pd
 
     from nbtoolkit.trace.trace import KernelBreakdown
@@ -180,22 +145,9 @@ def idle_breakdown(
     include_last_step: bool = False,
     consecutive_kernel_delay_us: float = 30.0,
 ) -> pd.DataFrame:
-    """Idle time per rank and stream, split by cause (HTA's ``get_idle_time_breakdown``).
-
-    Per stream, the kernels (kernel, memcpy, memset and MTIA events) sorted by start; each
-    gap before a kernel (its start minus the previous kernel's end) is:
-
-    - ``host_wait`` if the host launched the kernel after the previous one had ended
-      (the runtime call with the same ``correlation`` started later than that end):
-      the CPU did not enqueue work fast enough;
-    - ``kernel_wait`` otherwise, if the gap is under ``consecutive_kernel_delay_us``
-      (launch overhead between back-to-back kernels);
-    - ``other`` otherwise (e.g. waiting on an event from another stream).
-
-    Columns: ``rank, stream, idle_category, idle_us, idle_ratio`` (share of the stream's
-    idle time). Categories that never occur on a stream are absent, as in HTA.
+    """Idle time per rank and stream, split by cause, of a loaded Trace: the analysis behind
+    ``nbt.idle_breakdown`` (definitions in :func:`nbtoolkit.trace.api.idle_breakdown`).
     """
-    trace = as_trace(trace, what="idle_breakdown()")
     import pandas as pd
 
     kernel_cats = ["kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events"]
@@ -228,42 +180,3 @@ def idle_breakdown(
                     (rank, int(stream), category_name, float(value), value / total if total else np.nan)
                 )
     return pd.DataFrame(frames, columns=["rank", "stream", "idle_category", "idle_us", "idle_ratio"])
-
-
-def _top_by_name(
-    rows: list[pd.DataFrame], n: int, rank_by: str, **aggregates: tuple[str, str]
-) -> pd.DataFrame:
-    """Events of several ranks grouped by name, the ``n`` highest by ``rank_by`` (ties by name)."""
-    import pandas as pd
-
-    if not rows:
-        return pd.DataFrame(columns=["name", *aggregates])
-    events = pd.concat(rows, ignore_index=True)
-    events["name"] = events["name"].astype(str)
-    table = events.groupby("name", sort=False).agg(**aggregates).reset_index()
-    table = table.sort_values([rank_by, "name"], ascending=[False, True], kind="stable")
-    return table.head(n).reset_index(drop=True)
-
-
-def top_operators(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
-    """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
-    rows = []
-    for r in [rank] if rank is not None else trace.ranks:
-        frame = trace.rank_events(r)
-        host = frame[frame["stream"].to_numpy() < 0]
-        ops = host.assign(self_us=self_times(host))
-        rows.append(ops.loc[ops["cat"] == "cpu_op", ["name", "dur", "self_us"]])
-    return _top_by_name(
-        rows, n, "self_us", calls=("dur", "size"), self_us=("self_us", "sum"), total_us=("dur", "sum")
-    )
-
-
-def top_kernels(trace: Trace, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
-    """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
-    rows = []
-    for r in [rank] if rank is not None else trace.ranks:
-        frame = trace.rank_events(r)
-        rows.append(frame.loc[frame["stream"].to_numpy() >= 0, ["name", "dur"]])
-    return _top_by_name(
-        rows, n, "total_us", calls=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean")
-    )

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbtoolkit.core.inputs import as_trace
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -30,13 +28,14 @@ __all__ = ["compare"]
 
 
 def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bool = False) -> TraceDiff:
-    """Before/after comparison of two Traces (see the module docstring for the numbers)."""
+    """Before/after comparison of two loaded Traces (see the module docstring for the numbers).
+
+    The analysis behind ``nbt.compare`` (:mod:`nbtoolkit.trace.api`, which also takes paths).
+    """
     import pandas as pd
 
     from nbtoolkit.trace.trace_diff import TraceDiff
 
-    before = as_trace(before, what="compare() (before)")
-    after = as_trace(after, what="compare() (after)")
     a, b = _summary(before, include_last_step), _summary(after, include_last_step)
     summary = pd.DataFrame({"before": a, "after": b})
     summary["delta"] = summary["after"] - summary["before"]

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-    from nbtoolkit.trace.trace import RankInfo
+    from nbtoolkit.trace.records import RankInfo
 
 __all__ = ["load_rank_file", "load_trace"]
 

@@ -27,7 +27,7 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
-    from nbtoolkit.trace.views import OverlapReport
+    from nbtoolkit.trace.overlap_report import OverlapReport
 
     # comm_comp_overlap (the one door for overlap) takes a path, a Trace or a TraceSummary variable.
     return OverlapReport.of(call.resolve(args.traces))

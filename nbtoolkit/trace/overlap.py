@@ -36,71 +36,34 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.core.inputs import as_trace
 from nbtoolkit.core.profiler_steps import step_number_table
 from nbtoolkit.trace import _kernels as k
 from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
+from nbtoolkit.trace.kernel_types import COMM_PREFIXES
 
 if TYPE_CHECKING:
-    from os import PathLike
-
     import pandas as pd
 
-    from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.trace import Trace
 
 __all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
-COMM_PREFIXES = ("gloo:", "c10d", "nccl:", "record_param_comms", "ProcessGroup", "_c10d", "hccl:")
 Intervals = tuple[np.ndarray, np.ndarray]
 
 
 def comm_comp_overlap(
-    trace: Trace | TraceSummary | str | PathLike[str],
+    trace: Trace,
     *,
     by: Literal["rank", "iteration", "collective"] = "rank",
     include_last_step: bool = False,
 ) -> pd.DataFrame:
-    """Communication/computation overlap (definitions in the module docstring).
+    """Communication/computation overlap of a loaded Trace (definitions in the module docstring).
 
-    Args:
-        by: ``"rank"`` (default): one row per rank with ``rank, comm_time_us,
-            overlap_time_us, overlap_pct, exposed_comm_us, method`` (``method`` is
-            ``hta-gpu`` or ``cpu-gloo``). ``"iteration"``: the same per rank and
-            ProfilerStep (column ``step``; device work belongs to the step in which the
-            host launched it). ``"collective"``: one row per communication kernel or
-            collective call: ``rank, name, collective, ts, dur_us, overlap_time_us,
-            overlap_pct, exposed_comm_us`` (each call against the merged compute of its rank),
-            plus ``in_msg_nelems, out_msg_nelems, dtype, pg_name`` where the trace records
-            them (PyTorch 2.x writes them on NCCL kernels and ``record_param_comms``).
-        include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
-
-    ``overlap_pct`` is NaN for a rank without any communication (HTA shows it empty too).
-
-    This is the one door for the overlap of a folder of traces: ``trace`` may be a Trace, the path
-    of a trace file or of a folder of per-rank traces (read with ``nbt.load_trace``), or a
-    :class:`~nbtoolkit.trace.summary.TraceSummary` (``nbt.summarize_traces(folder)`` or
-    ``cluster.summarize_traces(where)``, for folders too large to hold every event): its per-rank
-    and per-step tables are returned (the events needed per call are not in it). ``%nbt overlap``
-    shows this function's table (``nbt.OverlapReport``).
+    The analysis behind ``nbt.comm_comp_overlap`` (:mod:`nbtoolkit.trace.api`, which also takes a
+    path or a TraceSummary, and documents ``by`` and ``include_last_step``).
     """
-    from nbtoolkit.trace.summary import TraceSummary
-
-    if isinstance(trace, TraceSummary):
-        if include_last_step != trace.include_last_step:
-            raise NbtUsageError(
-                f"this summary was made with include_last_step={trace.include_last_step}; "
-                "summarize the traces again with the other value"
-            )
-        if by == "collective":
-            raise NbtUsageError(
-                "a TraceSummary keeps no per-call events: use comm_comp_overlap(summary.load_ranks([...]), "
-                "by='collective') for the ranks you want"
-            )
-        return trace.overlap.copy() if by == "rank" else trace.overlap_by_step.copy()
-    trace = as_trace(trace, what="comm_comp_overlap()")
     import pandas as pd
 
     if by not in ("rank", "iteration", "collective"):

@@ -17,8 +17,9 @@ terminal and the figures in a notebook. plotly is imported inside the functions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from nbtoolkit.core.errors import NbtUsageError, TraceError
 from nbtoolkit.core.result import escape
@@ -27,9 +28,42 @@ from nbtoolkit.trace.views import _FigureDisplay
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.summary import TraceSummary
+    from nbtoolkit.trace.records import RankInfo
+    from nbtoolkit.trace.trace import StragglerReport, Trace
 
 __all__ = ["ScaleView", "overlap_distribution", "rank_step_heatmap", "straggler_lanes", "straggler_ranking"]
+
+
+
+class ScaleSummary(Protocol):
+    """What these views read of a :class:`nbtoolkit.trace.summary.TraceSummary`.
+
+    Named here rather than imported: ``TraceSummary.figures`` imports this module.
+    """
+
+    @property
+    def overlap(self) -> pd.DataFrame: ...
+
+    @property
+    def overlap_by_step(self) -> pd.DataFrame: ...
+
+    @property
+    def steps(self) -> pd.DataFrame: ...
+
+    @property
+    def info(self) -> dict[int, RankInfo]: ...
+
+    @property
+    def ranks(self) -> list[int]: ...
+
+    def stragglers(self, *, threshold_pct: float = 5.0) -> StragglerReport: ...
+
+    def load_ranks(self, ranks: Iterable[int]) -> Trace: ...
+
+    def _text(self) -> str: ...
+
+    def _html(self) -> str: ...
+
 
 HeatmapValue = Literal["exposed_comm_ms", "step_time_ms", "overlap_pct"]
 _TITLES = {
@@ -39,7 +73,7 @@ _TITLES = {
 }
 
 
-def rank_step_table(summary: TraceSummary, value: HeatmapValue = "exposed_comm_ms") -> pd.DataFrame:
+def rank_step_table(summary: ScaleSummary, value: HeatmapValue = "exposed_comm_ms") -> pd.DataFrame:
     """The heatmap's numbers: one row per rank, one column per step."""
     if value == "step_time_ms":
         frame = summary.steps.assign(v=summary.steps["dur"] / 1e3)
@@ -53,7 +87,7 @@ def rank_step_table(summary: TraceSummary, value: HeatmapValue = "exposed_comm_m
     return table.reindex(summary.ranks)
 
 
-def rank_step_heatmap(summary: TraceSummary, value: HeatmapValue = "exposed_comm_ms") -> Any:
+def rank_step_heatmap(summary: ScaleSummary, value: HeatmapValue = "exposed_comm_ms") -> Any:
     """Rank x step heatmap of ``value`` (exposed communication by default)."""
     import plotly.graph_objects as go
 
@@ -77,7 +111,7 @@ def rank_step_heatmap(summary: TraceSummary, value: HeatmapValue = "exposed_comm
     return fig
 
 
-def overlap_distribution(summary: TraceSummary) -> Any:
+def overlap_distribution(summary: ScaleSummary) -> Any:
     """Histogram of the ranks' overlap % (ranks without communication left out), median marked."""
     import plotly.graph_objects as go
 
@@ -95,7 +129,7 @@ def overlap_distribution(summary: TraceSummary) -> Any:
     return fig
 
 
-def straggler_ranking(summary: TraceSummary, *, top: int = 4) -> Any:
+def straggler_ranking(summary: ScaleSummary, *, top: int = 4) -> Any:
     """Bars of work time per rank (``nbt.stragglers``), slowest first; the top ``top`` in red."""
     import plotly.graph_objects as go
 
@@ -122,13 +156,13 @@ def straggler_ranking(summary: TraceSummary, *, top: int = 4) -> Any:
     return fig
 
 
-def top_stragglers(summary: TraceSummary, top: int = 4) -> list[int]:
+def top_stragglers(summary: ScaleSummary, top: int = 4) -> list[int]:
     """The ``top`` slowest ranks by work time, slowest first."""
     table = summary.stragglers().table.sort_values("work_ms", ascending=False)
     return [int(r) for r in table["rank"].head(top)]
 
 
-def straggler_lanes(summary: TraceSummary, *, top: int = 2, resolution: int = 2000) -> Any:
+def straggler_lanes(summary: ScaleSummary, *, top: int = 2, resolution: int = 2000) -> Any:
     """Lanes of the ``top`` slowest ranks and of the median rank, for comparison."""
     from nbtoolkit.trace.views import timeline
 
@@ -142,7 +176,7 @@ def straggler_lanes(summary: TraceSummary, *, top: int = 2, resolution: int = 20
 class ScaleView(_FigureDisplay):
     """The views of a TraceSummary (``summary.figures()``): text in a terminal, figures in a notebook."""
 
-    summary: TraceSummary
+    summary: ScaleSummary
     top: int = 4
     figures: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -160,7 +194,7 @@ class ScaleView(_FigureDisplay):
         return self.figures
 
 
-def summary_figures(summary: TraceSummary, *, top: int = 4) -> ScaleView:
+def summary_figures(summary: ScaleSummary, *, top: int = 4) -> ScaleView:
     """Heatmaps, overlap distribution, straggler ranking and the top stragglers' lanes."""
     figures = [rank_step_heatmap(summary, "exposed_comm_ms")]
     if len(summary.steps):

@@ -20,36 +20,52 @@ no ProfilerStep annotations):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from nbtoolkit.core.inputs import as_trace
+from nbtoolkit.trace import _kernels as k
+from nbtoolkit.trace.overlap import comm_comp_overlap
+from nbtoolkit.trace.trace import StragglerReport
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.summary import TraceSummary
-    from nbtoolkit.trace.trace import StragglerReport, Trace
+    from nbtoolkit.trace.trace import Trace
 
-__all__ = ["stragglers", "summary_stragglers"]
+__all__ = ["SummarizedStragglers", "stragglers", "summary_stragglers"]
+
+
+class SummarizedStragglers(Protocol):
+    """What :func:`summary_stragglers` reads of a :class:`~nbtoolkit.trace.summary.TraceSummary`."""
+
+    @property
+    def ranks(self) -> list[int]: ...
+
+    @property
+    def overlap(self) -> pd.DataFrame: ...
+
+    @property
+    def steps(self) -> pd.DataFrame: ...
+
+    @property
+    def spans(self) -> pd.DataFrame: ...
+
+    @property
+    def step_labels(self) -> list[str]: ...
+
+    @property
+    def include_last_step(self) -> bool: ...
 
 
 def stragglers(
-    trace: Trace | TraceSummary, *, threshold_pct: float = 5.0, include_last_step: bool = False
+    trace: Trace, *, threshold_pct: float = 5.0, include_last_step: bool = False
 ) -> StragglerReport:
-    """Per-rank step, work and communication-wait times, and the slowest rank (see the module docstring).
+    """Per-rank step, work and communication-wait times, and the slowest rank, of a loaded Trace.
 
-    ``trace`` may be a :class:`~nbtoolkit.trace.summary.TraceSummary` (``nbt.summarize_traces``):
-    the numbers are the same, read from its per-rank results (its own ``include_last_step``).
+    The analysis behind ``nbt.stragglers`` (:mod:`nbtoolkit.trace.api`, which also takes a path
+    or a TraceSummary); definitions in the module docstring.
     """
-    from nbtoolkit.trace.summary import TraceSummary
-
-    if isinstance(trace, TraceSummary):
-        return summary_stragglers(trace, threshold_pct=threshold_pct)
-    trace = as_trace(trace, what="stragglers()")
-    from nbtoolkit.trace import _kernels as k
-    from nbtoolkit.trace.overlap import comm_comp_overlap
 
     overlap = comm_comp_overlap(trace, include_last_step=include_last_step)
     spans = {
@@ -60,7 +76,7 @@ def stragglers(
     return _report(trace.ranks, overlap, trace.steps, spans, filtered=filtered, threshold_pct=threshold_pct)
 
 
-def summary_stragglers(summary: TraceSummary, *, threshold_pct: float = 5.0) -> StragglerReport:
+def summary_stragglers(summary: SummarizedStragglers, *, threshold_pct: float = 5.0) -> StragglerReport:
     """:func:`stragglers` of a TraceSummary (its per-rank overlap, steps and spans)."""
     spans = {int(r.rank): float(r.last_us - r.first_us) for r in summary.spans.itertuples(index=False)}
     filtered = len(summary.step_labels) >= 2 and not summary.include_last_step
@@ -79,8 +95,6 @@ def _report(
     threshold_pct: float,
 ) -> StragglerReport:
     import pandas as pd
-
-    from nbtoolkit.trace.trace import StragglerReport
 
     overlap = overlap_table.set_index("rank").reindex(ranks)
     steps = steps.sort_values(["rank", "step"], kind="stable")

@@ -1,10 +1,10 @@
 """``summarize_traces``: a folder of hundreds of rank traces, read in parallel, kept small.
 
 Each rank's trace is parsed in a worker process (at most one per core: parsing is CPU-bound
-and holds the GIL), summarized there (:meth:`Trace.summarize`: overlap by rank and step,
-steps, spans) and only the summary, a few KB, comes back. The parent never holds the events
-of more than the ranks a worker is reading, so its memory does not grow with the number of
-ranks; the workers' peak is that of the largest rank file.
+and holds the GIL), summarized there (:func:`~nbtoolkit.trace.summarize_rank.summarize_trace`:
+overlap by rank and step, steps, spans) and only the summary, a few KB, comes back. The
+parent never holds the events of more than the ranks a worker is reading, so its memory does
+not grow with the number of ranks; the workers' peak is that of the largest rank file.
 
 Workers are forked from a process with a single thread that has not imported torch, Ray
 or another runtime with threads of its own (a script); anywhere else (a notebook kernel,
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from nbtoolkit.core.cache_folder import DEFAULT_CACHE_NAME, usable_cache_folder
 from nbtoolkit.core.errors import NbtUsageError, TraceError
 from nbtoolkit.core.paths import user_path
+from nbtoolkit.trace.summarize_rank import summarize_trace
 from nbtoolkit.trace.trace_cache import cache_key, read_events, read_summary, write_rank
 
 if TYPE_CHECKING:
     from os import PathLike
 
     from nbtoolkit.trace.summary import TraceSummary
-    from nbtoolkit.trace.trace import Trace
 
 __all__ = ["RankOutcome", "summarize_files", "summarize_traces", "trace_files_of"]
 
@@ -207,21 +207,6 @@ def trace_files_of(
     )
 
 
-def load_summary_ranks(summary: TraceSummary, ranks: list[int]) -> Trace:
-    """The events of the chosen ranks: from the cache when it has them, else parsed again."""
-    from nbtoolkit.trace.kineto import load_trace
-    from nbtoolkit.trace.trace import Trace
-
-    parts = []
-    for rank in ranks:
-        source = Path(summary.info[rank].source)
-        cached = None
-        if summary.cache_dir and source.exists():
-            cached = read_events(Path(summary.cache_dir), cache_key(source))
-        parts.append(cached if cached is not None else load_trace(source))
-    return Trace.combine(parts)
-
-
 # ------------------------------------------------------------------------ workers
 def _worker_count(workers: int | None, files: int) -> int:
     if workers is not None and workers < 1:
@@ -271,8 +256,7 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
     context = _context()
     if context.get_start_method() == "fork":
-        # the reader, imported before the fork so the workers share it (the rank summary is
-        # imported by Trace.summarize in each worker: io may not import analysis)
+        # the reader, imported before the fork so the workers share it
         import nbtoolkit.trace.kineto  # noqa: F401
     pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context)
     try:
@@ -354,7 +338,7 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
         return RankOutcome(file, None, "not-a-trace", str(exc))
     except TraceError as exc:
         return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
-    records = trace.summarize(include_last_step=include_last_step).to_records()
+    records = summarize_trace(trace, include_last_step=include_last_step).to_records()
     if folder is not None and key is not None:
         write_rank(folder, key, records, trace)
     if damaged:  # said once, in this summary; the cache just written holds no such note
@@ -375,6 +359,6 @@ def _redo_here(cache_dir: Path | None) -> Callable[[str, list[str]], dict[str, A
         path = Path(file)
         trace = read_events(cache_dir, cache_key(path)) if cache_dir else None
         trace = trace if trace is not None else load_rank_file(path)
-        return trace.summarize(step_labels=labels).to_records()
+        return summarize_trace(trace, step_labels=labels).to_records()
 
     return redo

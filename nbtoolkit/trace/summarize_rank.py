@@ -15,14 +15,12 @@ again, with the job's labels, only the ranks whose decision differs (in practice
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from nbtoolkit.core.profiler_steps import profiler_step_names
 from nbtoolkit.trace.overlap import overlap_by_rank_and_step
-from nbtoolkit.trace.summary import SPAN_COLUMNS, TraceSummary
-
-if TYPE_CHECKING:
-    from nbtoolkit.trace.trace import Trace
+from nbtoolkit.trace.records import SPAN_COLUMNS
+from nbtoolkit.trace.summary import TraceSummary
+from nbtoolkit.trace.trace import Trace
 
 __all__ = ["rank_step_labels", "summarize_trace"]
 
@@ -45,8 +43,6 @@ def summarize_trace(
     """
     import pandas as pd
 
-    from nbtoolkit.trace.trace import Trace as TraceClass
-
     own = rank_step_labels(trace)
     extra = sorted(set(step_labels) - set(own))
     if extra:
@@ -56,7 +52,7 @@ def summarize_trace(
                 [x for x in extra if x not in frame["name"].cat.categories]
             )
             events[rank] = frame.assign(name=names)
-        view = TraceClass(events=events, info=trace.info, collectives=trace.collectives, notes=trace.notes)
+        view = Trace(events=events, info=trace.info, collectives=trace.collectives, notes=trace.notes)
         view._steps = trace._steps
     else:
         view = trace

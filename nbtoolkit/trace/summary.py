@@ -24,26 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import TraceError
 from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.trace.records import FRAMES, RECORD_COLUMNS, SPAN_COLUMNS, RankInfo, records_problem
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.trace import RankInfo, StragglerReport, Trace
+    from nbtoolkit.trace.trace import StragglerReport, Trace
 
 __all__ = ["FRAMES", "RECORD_COLUMNS", "SPAN_COLUMNS", "TraceSummary", "records_problem"]
-
-SPAN_COLUMNS = ("rank", "first_us", "last_us", "events")
-FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
-_OVERLAP = {"comm_time_us": "number", "overlap_time_us": "number", "overlap_pct": "number",
-            "exposed_comm_us": "number", "method": "text"}
-#: frame -> column -> kind of value in :meth:`TraceSummary.to_records` (int, number or None, text or None)
-RECORD_COLUMNS: dict[str, dict[str, str]] = {
-    "overlap": {"rank": "int", **_OVERLAP},
-    "overlap_by_step": {"rank": "int", "step": "int", **_OVERLAP},
-    "steps": {"rank": "int", "step": "int", "ts": "number", "dur": "number"},
-    "spans": {"rank": "int", "first_us": "number", "last_us": "number", "events": "int"},
-}
-
 
 # eq: identity (frames have no truth value); repr: the Result text
 @dataclass(repr=False, eq=False)
@@ -96,7 +84,7 @@ class TraceSummary(Result):
         unknown = [r for r in chosen if r not in self.info]
         if unknown:
             raise TraceError(f"ranks {unknown} are not in this summary; ranks present: {_short(self.ranks)}")
-        from nbtoolkit.trace.summarize_folder import load_summary_ranks
+        from nbtoolkit.trace.summary_ranks import load_summary_ranks
 
         return load_summary_ranks(self, chosen)
 
@@ -132,8 +120,6 @@ class TraceSummary(Result):
     def from_records(cls, parts: Iterable[dict[str, Any]], *, notes: Iterable[str] = ()) -> TraceSummary:
         """One summary from the records of disjoint rank sets (:meth:`to_records`); frames built once."""
         import pandas as pd
-
-        from nbtoolkit.trace.trace import RankInfo
 
         parts = list(parts)
         if not parts:
@@ -265,52 +251,3 @@ def _name(path: str) -> str:
 
 def _short(ranks: list[int]) -> str:
     return str(ranks) if len(ranks) <= 16 else f"[{', '.join(map(str, ranks[:16]))}, ...] ({len(ranks)})"
-
-
-def records_problem(records: Any) -> str:
-    """What is wrong with ``records`` (:meth:`TraceSummary.to_records`'s shape), or "" when nothing is.
-
-    What a summary cache is checked with before it is used: an edited or damaged cache entry is
-    then read again from its trace, never a KeyError in :meth:`TraceSummary.from_records`.
-    """
-    import math
-
-    from nbtoolkit.core.saved import BOOL, TEXT, list_of
-    from nbtoolkit.trace.trace import RankInfo
-
-    if not isinstance(records, dict):
-        return "not a JSON object"
-    if not BOOL.ok(records.get("include_last_step")):
-        return "'include_last_step' is not true or false"
-    for key in ("step_labels", "notes"):
-        if not list_of(TEXT).ok(records.get(key)):
-            return f"{key!r} is not a list of strings"
-    entries = records.get("info")
-    if not isinstance(entries, list) or not entries:
-        return "'info' is not a list of rank metadata"
-    try:
-        ranks = {RankInfo.from_json(entry, "the cached rank metadata").rank for entry in entries}
-    except TraceError as exc:
-        return str(exc)
-    kinds = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
-        "number": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                          and not (isinstance(v, float) and math.isinf(v))),
-        "text": lambda v: v is None or isinstance(v, str),
-    }
-    for name, columns in RECORD_COLUMNS.items():
-        part = records.get(name)
-        if not isinstance(part, dict) or not isinstance(part.get("data"), dict):
-            return f"{name!r} is not a frame"
-        if part.get("columns") != list(columns) or set(part["data"]) != set(columns):
-            return f"{name!r} does not have the columns {list(columns)}"
-        lengths = {len(v) if isinstance(v, list) else -1 for v in part["data"].values()}
-        if len(lengths) != 1 or -1 in lengths:
-            return f"{name!r} has columns of different lengths"
-        for column, kind in columns.items():
-            if not all(map(kinds[kind], part["data"][column])):
-                return f"{name}.{column} holds a value that is not {'an integer' if kind == 'int' else kind}"
-        if not set(part["data"]["rank"]) <= ranks:
-            return f"{name!r} names ranks its metadata does not list"
-    return ""
-

@@ -39,66 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import TraceError
 from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.trace.records import RankInfo, empty_collectives
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.summary import TraceSummary
-
 __all__ = ["KernelBreakdown", "RankInfo", "StragglerReport", "Trace"]
 
 _FORMAT_VERSION = 1
-EVENT_COLUMNS = ("ts", "dur", "name", "cat", "pid", "tid", "stream", "device", "correlation", "external_id")
-COLLECTIVE_COLUMNS = (
-    "row",
-    "collective",
-    "in_msg_nelems",
-    "out_msg_nelems",
-    "group_size",
-    "dtype",
-    "pg_name",
-    "pg_desc",
-    "pg_ranks",
-)
-
-
-@dataclass
-class RankInfo:
-    """What a trace file says about the rank that wrote it."""
-
-    rank: int
-    world_size: int | None = None
-    backend: str | None = None
-    device_type: str = "cpu"  # cuda, rocm, mtia, gpu (kernels without device properties), cpu
-    device_properties: list[dict[str, Any]] = field(default_factory=list)
-    trace_format: str = "kineto"
-    source: str = ""
-    base_time_ns: int | None = None
-    process_groups: list[dict[str, Any]] = field(default_factory=list)
-    thread_names: dict[str, str] = field(default_factory=dict)  # "pid:tid" -> name
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "device_type": self.device_type,
-            "device_properties": self.device_properties,
-            "trace_format": self.trace_format,
-            "source": self.source,
-            "base_time_ns": self.base_time_ns,
-            "process_groups": self.process_groups,
-            "thread_names": self.thread_names,
-            "notes": self.notes,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], where: str = "rank metadata") -> RankInfo:
-        """The RankInfo of :meth:`to_json`'s output, each field checked (a TraceError names ``where``)."""
-        from nbtoolkit.trace.trace_saved import rank_info
-
-        return cls(**rank_info(data, where))
 
 
 # repr: the Result text summary, not a dump of the frames; eq: identity (frames have no truth value)
@@ -155,16 +103,6 @@ class Trace(Result):
         table.columns = [f"rank {c}" for c in table.columns]
         return table
 
-    def summarize(self, *, include_last_step: bool = False, step_labels: Iterable[str] = ()) -> TraceSummary:
-        """Per-rank overlap (by rank and step), steps and spans, without the events (see TraceSummary).
-
-        ``step_labels``: ProfilerStep labels of the job's other ranks, when this Trace holds some
-        of them only (:mod:`nbtoolkit.trace.summarize_rank`).
-        """
-        from nbtoolkit.trace.summarize_rank import summarize_trace
-
-        return summarize_trace(self, include_last_step=include_last_step, step_labels=step_labels)
-
     def event_args(self, rank: int) -> Any:
         """Arguments of ``rank``'s events that the frame does not keep (an ``EventArgs``: ``syncs``,
         ``shapes``), read from its trace file by :mod:`nbtoolkit.trace.kineto_args` (empty frames when
@@ -179,15 +117,25 @@ class Trace(Result):
     # ---------------------------------------------------------------- summary
     def top_operators(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """Host operators (``cpu_op``) by self CPU time: name, calls, self_us, total_us."""
-        from nbtoolkit.trace.breakdown import top_operators
+        from nbtoolkit.trace.top import top_operators
 
-        return top_operators(self, n, rank=rank)
+        return top_operators(self._frames(rank), n)
 
     def top_kernels(self, n: int = 10, *, rank: int | None = None) -> pd.DataFrame:
         """GPU/accelerator kernels by total time: name, calls, total_us, mean_us."""
-        from nbtoolkit.trace.breakdown import top_kernels
+        from nbtoolkit.trace.top import top_kernels
 
-        return top_kernels(self, n, rank=rank)
+        return top_kernels(self._frames(rank), n)
+
+    def _frames(self, rank: int | None) -> list[pd.DataFrame]:
+        """The events frame of ``rank`` (a clear error for a rank that is not there), or of every rank."""
+        return [self.rank_events(r) for r in ([rank] if rank is not None else self.ranks)]
+
+    def _report_figures(self) -> list[Any]:
+        """Figures nbt.report embeds with this trace: the timeline of its first ranks."""
+        from nbtoolkit.trace.timeline_figure import timeline
+
+        return [timeline(self)]
 
     def _header_lines(self) -> list[str]:
         n_events = sum(len(f) for f in self.events.values())
@@ -417,17 +365,6 @@ class StragglerReport(Result):
         return f"<p><b>{escape(self._headline())}</b></p>" + html_table(
             self.table, max_rows=64, float_format="{:,.3f}"
         )
-
-
-def empty_collectives() -> pd.DataFrame:
-    """A collectives table without rows (``row`` int64, the rest object)."""
-    import numpy as np
-    import pandas as pd
-
-    # numpy arrays, not one pd.Series per column: this runs once per rank file, hundreds of times at scale
-    return pd.DataFrame(
-        {c: np.empty(0, dtype=np.int64 if c == "row" else object) for c in COLLECTIVE_COLUMNS}
-    )
 
 
 def _short(name: str, width: int = 90) -> str:

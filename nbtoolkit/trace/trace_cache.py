@@ -56,7 +56,7 @@ def read_summary(
     the trace is read again and the caller says so in a note. A summary that is missing, or
     is a link, a FIFO or too large (``read_cached_file``), is simply not cached.
     """
-    from nbtoolkit.trace.summary import records_problem
+    from nbtoolkit.trace.records import records_problem
 
     name = f"{key}.summary.json"
     raw = read_cached_file(cache_dir, name)

@@ -18,180 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nbtoolkit.core.profiler_steps import PROFILER_STEP_PREFIX
 from nbtoolkit.core.result import Result, html_table
+from nbtoolkit.trace.timeline_figure import timeline
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.trace.trace import StragglerReport, Trace
 
-__all__ = ["OverlapReport", "TraceReport", "overlap_chart", "timeline"]
-
-COLOURS = {
-    "compute": "#4C78A8",
-    "communication": "#E45756",
-    "memory": "#54A24B",
-    "other": "#9D9D9D",
-    "host": "#72B7B2",
-}
-
-
-def _lanes(trace: Trace, rank: int) -> list[tuple[str, str, np.ndarray, np.ndarray, list[str]]]:
-    """(lane label, kind, starts, ends, names) for one rank, device lanes first."""
-    from nbtoolkit.trace import _kernels as k
-    from nbtoolkit.trace.overlap import COMM_PREFIXES
-
-    frame = trace.events[rank]
-    out = []
-    stream = frame["stream"].to_numpy()
-    device = frame[stream >= 0]
-    if len(device):
-        kinds = k.kernel_types(device["name"])
-        mapping = {
-            k.COMPUTATION: "compute",
-            k.COMMUNICATION: "communication",
-            k.MEMORY: "memory",
-            k.OTHER: "other",
-        }
-        for s in sorted(device["stream"].unique()):
-            on = (device["stream"] == s).to_numpy()
-            for hta_kind, kind in mapping.items():
-                sel = on & (kinds == hta_kind)
-                if sel.any():
-                    rows = device[sel]
-                    out.append(
-                        (
-                            f"rank {rank} · stream {s}",
-                            kind,
-                            rows["ts"].to_numpy(),
-                            (rows["ts"] + rows["dur"]).to_numpy(),
-                            rows["name"].astype(str).tolist(),
-                        )
-                    )
-    host = frame[(stream < 0) & ~frame["name"].astype(str).str.startswith(PROFILER_STEP_PREFIX)]
-    names = host["name"]
-    comm_flags = np.array([str(c).startswith(COMM_PREFIXES) for c in names.cat.categories] + [False])
-    is_comm = comm_flags[names.cat.codes.to_numpy()]
-    threads = trace.info[rank].thread_names
-    for (pid, tid), rows_index in host.groupby(["pid", "tid"], sort=True).indices.items():
-        label = threads.get(f"{pid}:{tid}", f"thread {tid}")
-        label = f"rank {rank} · {label}"
-        for kind, sel in (("host", ~is_comm[rows_index]), ("communication", is_comm[rows_index])):
-            rows = host.iloc[rows_index[sel]]
-            if len(rows):
-                out.append(
-                    (
-                        label,
-                        kind,
-                        rows["ts"].to_numpy(),
-                        (rows["ts"] + rows["dur"]).to_numpy(),
-                        rows["name"].astype(str).tolist(),
-                    )
-                )
-    return out
-
-
-def _decimate(
-    starts: np.ndarray, ends: np.ndarray, names: list[str], gap: float
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Merge intervals closer than ``gap``; a merged segment is labelled with its event count."""
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running = np.maximum.accumulate(e)
-    new = np.empty(len(s), dtype=bool)
-    new[:1] = True
-    new[1:] = s[1:] > running[:-1] + gap
-    firsts = np.flatnonzero(new)
-    lasts = np.r_[firsts[1:], len(s)] - 1
-    counts = lasts - firsts + 1
-    labels = [
-        names[order[f]] if c == 1 else f"{c} events, e.g. {names[order[f]]}"
-        for f, c in zip(firsts, counts, strict=True)
-    ]
-    return s[firsts], running[lasts], labels
-
-
-def timeline(trace: Trace, *, ranks: list[int] | None = None, resolution: int = 2000) -> Any:
-    """Per-rank lane timeline as a plotly figure (see the module docstring).
-
-    Args:
-        ranks: ranks to draw (default: all, up to 16).
-        resolution: segments per lane and kind at most; smaller is faster.
-    """
-    import plotly.graph_objects as go
-
-    chosen = list(ranks) if ranks is not None else trace.ranks[:16]
-    unknown = [r for r in chosen if r not in trace.events]
-    if unknown:
-        from nbtoolkit.core.errors import TraceError
-
-        raise TraceError(
-            f"ranks {unknown} are not in this trace (ranks present: {trace.ranks[:32]}); lanes of "
-            "hundreds of ranks are unreadable: pick a few, e.g. the slowest from nbt.stragglers(...)"
-        )
-    lanes = [lane for r in chosen for lane in _lanes(trace, r)]
-    if not lanes:
-        return go.Figure()
-    origin = min(float(lane[2].min()) for lane in lanes)
-    span = max(float(lane[3].max()) for lane in lanes) - origin
-    gap = span / max(resolution, 1)
-    labels: list[str] = []
-    for lane in lanes:
-        if lane[0] not in labels:
-            labels.append(lane[0])
-    y_of = {label: i for i, label in enumerate(labels)}
-    segments: dict[str, tuple[list[float], list[float], list[str]]] = {}
-    for label, kind, starts, ends, names in lanes:
-        s, e, text = _decimate(starts, ends, names, gap)
-        xs, ys, hover = segments.setdefault(kind, ([], [], []))
-        y = y_of[label]
-        for a, b, t in zip((s - origin) / 1e3, (e - origin) / 1e3, text, strict=True):
-            xs += [a, b, None]  # type: ignore[list-item]  # None breaks the line between segments
-            ys += [y, y, None]  # type: ignore[list-item]
-            hover += [t, t, ""]
-    fig = go.Figure()
-    for kind in ("compute", "communication", "memory", "other", "host"):
-        if kind in segments:
-            xs, ys, hover = segments[kind]
-            fig.add_trace(
-                go.Scattergl(
-                    x=xs,
-                    y=ys,
-                    mode="lines",
-                    name=kind,
-                    line={"color": COLOURS[kind], "width": 10},
-                    hovertext=hover,
-                    hoverinfo="text+x",
-                )
-            )
-    steps = trace.steps
-    first_rank = chosen[0] if chosen else None
-    for i, row in enumerate(steps[steps["rank"] == first_rank].itertuples(index=False)):
-        fig.add_vrect(
-            x0=(row.ts - origin) / 1e3,
-            x1=(row.ts + row.dur - origin) / 1e3,
-            fillcolor="#F2CF5B" if i % 2 == 0 else "#B8B0AC",
-            opacity=0.15,
-            line_width=0,
-            annotation_text=f"step {row.step}",
-            annotation_position="top left",
-        )
-    fig.update_layout(
-        title=f"Timeline of {len(chosen)} rank(s) (ms from the first event)",
-        xaxis_title="time (ms)",
-        yaxis={
-            "tickmode": "array",
-            "tickvals": list(range(len(labels))),
-            "ticktext": labels,
-            "autorange": "reversed",
-        },
-        height=max(250, 40 * len(labels) + 120),
-        legend={"orientation": "h", "y": -0.2},
-        margin={"l": 10, "r": 10, "t": 50, "b": 40},
-    )
-    return fig
-
+__all__ = ["TraceReport", "overlap_chart", "timeline"]
 
 def overlap_chart(trace_or_overlap: Trace | pd.DataFrame) -> Any:
     """Bar chart per rank: communication hidden behind compute vs exposed (ms), overlap % on top."""
@@ -239,40 +74,6 @@ class _FigureDisplay(Result):
         display(self._repr_mimebundle_(), raw=True)
         for fig in self._figures():
             display(fig)
-
-
-@dataclass(repr=False, eq=False)
-class OverlapReport(_FigureDisplay):
-    """What ``%nbt overlap`` shows: ``nbt.comm_comp_overlap``'s table per rank and its bar chart.
-
-    ``OverlapReport.of(traces)`` takes what ``comm_comp_overlap`` takes (a Trace, a trace file or
-    folder of per-rank traces, or a TraceSummary); ``table`` is that function's own DataFrame.
-    """
-
-    table: pd.DataFrame
-
-    @classmethod
-    def of(cls, traces: Any) -> OverlapReport:
-        from nbtoolkit.trace.overlap import comm_comp_overlap
-
-        return cls(table=comm_comp_overlap(traces))
-
-    def _text(self) -> str:
-        lines = [
-            "Communication/computation overlap per rank (µs):",
-            self.table.round(2).to_string(index=False),
-        ]
-        if (self.table["method"] == "cpu-gloo").any():
-            lines.append("cpu-gloo: gloo collectives vs the rank's own operators (see nbt.comm_comp_overlap)")
-        return "\n".join(lines)
-
-    def _html(self) -> str:
-        return "<p><b>Communication/computation overlap per rank</b> (µs)</p>" + html_table(
-            self.table, max_rows=64
-        )
-
-    def _figures(self) -> list[Any]:
-        return [overlap_chart(self.table)]
 
 
 @dataclass(repr=False, eq=False)

@@ -389,10 +389,11 @@ def _show(result: Any) -> None:
 
 def _use_trace(trace: Any) -> None:
     import nbtoolkit as nbt
+    from nbtoolkit.trace.summarize_rank import summarize_trace
 
     trace._repr_mimebundle_()
     trace.steps
-    trace.summarize()
+    summarize_trace(trace)
     for analysis in (
         nbt.comm_comp_overlap,
         nbt.temporal_breakdown,

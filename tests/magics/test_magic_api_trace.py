@@ -14,7 +14,8 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.views import OverlapReport, TraceReport
+from nbtoolkit.trace.overlap_report import OverlapReport
+from nbtoolkit.trace.views import TraceReport
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.trace import RankInfo, Trace, empty_collectives
+from nbtoolkit.trace.records import RankInfo, empty_collectives
+from nbtoolkit.trace.trace import Trace
 
 
 def _trace(rows: list[tuple[str, str, float, float, int, int]]) -> Trace:

@@ -21,7 +21,8 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.trace.overlap import COMM_PREFIXES
-from nbtoolkit.trace.views import OverlapReport, TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.overlap_report import OverlapReport
+from nbtoolkit.trace.views import TraceReport, overlap_chart, timeline
 
 from .conftest import PROFILED_STEPS, STRAGGLER_RANK, STRAGGLER_SLEEP_S
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.views import OverlapReport, TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.overlap_report import OverlapReport
+from nbtoolkit.trace.views import TraceReport, overlap_chart, timeline
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ def synthetic_trace(
     Each ``special`` name is given to one long event (a tenth of the span) on the first lane of
     rank 0, centred at (i + 1) / (len(special) + 1) of the span, so a test knows where to hover.
     """
-    from nbtoolkit.trace.trace import RankInfo, Trace, empty_collectives
+    from nbtoolkit.trace.records import RankInfo, empty_collectives
+    from nbtoolkit.trace.trace import Trace
 
     rng = np.random.default_rng(seed)
     per_lane = max(1, n_events // (ranks * (streams + 1)))
