@@ -152,7 +152,7 @@ def _timing_loops(path: Path) -> list[int]:
 
 
 def test_the_step_runner_holds_the_only_timing_loop() -> None:
-    runner = PACKAGE / "capture" / "step_runner.py"
+    runner = PACKAGE / "core" / "step_runner.py"
     assert _timing_loops(runner), "the runner's own loop must be seen, or this check sees nothing"
     others = {
         str(path.relative_to(PACKAGE)): lines
@@ -169,7 +169,7 @@ def test_one_synchronize_helper() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.FunctionDef) and node.name == "synchronize"
     ]
-    assert defined == ["capture/step_runner.py"]
+    assert defined == ["core/step_runner.py"]
 
 
 # --- every measuring API takes config= ------------------------------------------------------
@@ -239,7 +239,7 @@ def test_plan_recompute_takes_a_measure_config(monkeypatch: pytest.MonkeyPatch) 
 
     seen: dict[str, Any] = {}
 
-    def fake_costs(module: Any, step: Any, names: Any, modules: Any, *, steps: int, **_: Any) -> Any:
+    def fake_costs(step: Any, candidates: Any, *, steps: int, **_: Any) -> Any:
         seen["steps"] = steps
         raise nbt.PlanError("stop here")
 
