@@ -432,7 +432,7 @@ def test_profile_takes_a_measure_config_and_its_keywords_win(cluster) -> None:
     assert [_profiled_steps(trace, r) for r in (0, 1)] == [2, 2]
     trace = cluster.profile(step, config=MeasureConfig(steps=2, warmup=0), steps=1)  # steps= wins
     assert [_profiled_steps(trace, r) for r in (0, 1)] == [1, 1]
-    with pytest.raises(NbtUsageError, match="must be a nbtoolkit.MeasureConfig"):
+    with pytest.raises(NbtUsageError, match=r"must be a nbtoolkit\.MeasureConfig"):
         cluster.profile(step, config={"steps": 2})  # type: ignore[arg-type]
     with pytest.raises(NbtUsageError, match="steps must be >= 1 and warmup >= 0"):
         cluster.profile(step, steps=0)
