@@ -760,6 +760,21 @@ def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
     assert cluster.run("dist.get_world_size()") == [2, 2]
 
 
+@pytest.mark.deepspeed
+def test_zero_graph_breaks_takes_a_measure_config(cluster) -> None:
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.integrations.deepspeed.graph_breaks import zero_graph_breaks
+
+    with pytest.raises(NbtUsageError, match=r"must be a nbtoolkit\.MeasureConfig"):
+        zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=2)  # type: ignore[arg-type]
+    with pytest.raises(NbtUsageError, match="steps must be >= 1"):
+        zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=MeasureConfig(), steps=0)
+    result = zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=MeasureConfig(steps=1))
+    row = result.table.set_index("stage").loc[1]
+    assert (row["graphs"], row["graph_breaks"]) == (1, 0)
+    assert row["same_on_all_ranks"]
+
+
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:
     from nbtoolkit.core.errors import RemoteCellError
 
