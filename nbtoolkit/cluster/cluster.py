@@ -10,10 +10,10 @@ GPUs) and a member of one ``torch.distributed`` group (NCCL on GPUs, gloo otherw
 with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Each rank keeps a namespace
 across calls, pre-filled with ``rank``, ``world_size``, ``torch``, ``dist`` and ``device``.
 
-This module holds the cluster's lifecycle (start, connect, status, restart, close). The
-class gets its other jobs from two mixins: running code and instruments on the ranks
-(:mod:`nbtoolkit.cluster.running`) and moving variables and files (:mod:`nbtoolkit.cluster.transfer`).
-Its results are model objects (:mod:`nbtoolkit.cluster.state`).
+Every public method of the class is defined here; the work is done by plain functions of
+the live rank group: its lifecycle (:mod:`nbtoolkit.cluster.lifecycle`), running code and
+instruments on the ranks (:mod:`nbtoolkit.cluster.running`), moving variables and files
+(:mod:`nbtoolkit.cluster.transfer`). Its results are model objects (:mod:`nbtoolkit.cluster.state`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtoolkit.cluster.rank_spec import rank_count
+from nbtoolkit.cluster import lifecycle, running, transfer
+from nbtoolkit.cluster.group_types import OutputCallback
+from nbtoolkit.cluster.rank_spec import RankSpec
+from nbtoolkit.cluster.running import Step
+from nbtoolkit.cluster.shipping import RESULT_MAX_BYTES
 from nbtoolkit.cluster.state import (
     COLLECTIVE_TIMEOUT_S,
     DEFAULT_RANKS,
+    PROFILE_STEPS,
     START_TIMEOUT_S,
     ClusterStatus,
+    FetchedFiles,
+    RemoteRun,
 )
-from nbtoolkit.cluster.transfer import ClusterTransfer
+from nbtoolkit.cluster.transfer import FETCH_MAX_BYTES
 from nbtoolkit.core.errors import ClusterError, NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.result import Result, escape
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.connection import Attachment
     from nbtoolkit.cluster.ranks import RankGroup
+    from nbtoolkit.memory.rank_memory import RankMemory
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.trace import Trace
 
@@ -44,19 +53,20 @@ __all__ = ["Cluster"]
 #: Object store of a local cluster: results travel through it, traces are the largest.
 OBJECT_STORE_MB = 256
 
-def ranks_for(resources: dict[str, Any], ranks: int | str | None) -> int:
-    """How many ranks ``connect`` starts: ``ranks``, else one per GPU, else one per CPU slot."""
-    if ranks is not None:
-        return rank_count(ranks)
-    return rank_count(int(resources.get("GPU", 0)) or int(resources.get("CPU", 0)) or None)
-
 
 # The cluster the magics (and Cluster.current()) use: the last one started or connected.
 _current: Cluster | None = None
 
 
-class Cluster(ClusterTransfer, Result):
+class Cluster(Result):
     """N rank workers over Ray forming one torch.distributed group; see the module docstring."""
+
+    #: Seconds without progress on any rank before a running cell shows the hang diagnosis
+    #: (None: $NBT_HANG_AFTER_S, else 30; 0 turns it off). A call's ``hang_after_s`` wins.
+    hang_after_s: float | None = None
+    #: The most bytes (pickled) one rank's value may send back (``RESULT_MAX_BYTES``, 256 MiB);
+    #: a call's ``max_result_bytes`` wins. Raise it for larger values: ``cluster.max_result_bytes = N``.
+    max_result_bytes: int = RESULT_MAX_BYTES
 
     def __init__(
         self,
@@ -115,15 +125,8 @@ class Cluster(ClusterTransfer, Result):
         ``ranks`` may be given as text (``"4"``, as a magic line has it). ``strategy``
         places the ranks (see :meth:`connect`).
         """
-        from nbtoolkit.cluster.connection import attach_local
-        from nbtoolkit.cluster.placement import check_local_room, parse_strategy
-
-        world_size = rank_count(ranks)
-        parse_strategy(strategy)
-        check_local_room(world_size)
-        num_gpus = None if gpus is None else (world_size if gpus else 0)
-        attachment = attach_local(
-            num_cpus=world_size, num_gpus=num_gpus, object_store_bytes=object_store_mb * 1024 * 1024
+        world_size, attachment = lifecycle.attach_local_ranks(
+            ranks, gpus=gpus, object_store_mb=object_store_mb, strategy=strategy
         )
         return cls._ranks_on(
             attachment,
@@ -167,25 +170,15 @@ class Cluster(ClusterTransfer, Result):
         their namespaces intact (``cluster.reattached``); when none are left, new ones start.
         """
         from nbtoolkit.cluster.connection import cluster_resources, connect, read_token_file
-        from nbtoolkit.cluster.placement import parse_strategy
 
-        if not isinstance(address, str) or ":" not in address.removeprefix("ray://"):
-            raise NbtUsageError(
-                "address must be 'ray://HEAD:10001' (Ray Client, from outside the cluster) or "
-                f"'HEAD:6379' (the head's GCS, from a cluster node), got {address!r}"
-            )
-        if token is not None and token_file is not None:
-            raise NbtUsageError("give the cluster's token or a token file, not both")
-        if name is not None and not (isinstance(name, str) and name.replace("-", "_").isidentifier()):
-            raise NbtUsageError(f"name must be letters, digits, '-' or '_', got {name!r}")
-        parse_strategy(strategy)
+        lifecycle.check_connect(address, token, token_file, name, strategy)
         if token_file is not None:
             token = read_token_file(token_file)
         attachment = connect(address, token)
 
         return cls._ranks_on(
             attachment,
-            lambda: ranks_for(cluster_resources(), ranks),
+            lambda: lifecycle.ranks_for(cluster_resources(), ranks),
             gpus=gpus,
             collective_timeout_s=collective_timeout_s,
             start_timeout_s=start_timeout_s,
@@ -205,15 +198,9 @@ class Cluster(ClusterTransfer, Result):
             raise
 
     def _start_ranks(self) -> None:
-        from nbtoolkit.cluster.connection import cluster_resources
-        from nbtoolkit.cluster.ranks import RankGroup
-
-        use_gpus = self._gpus
-        if use_gpus is None:
-            use_gpus = cluster_resources().get("GPU", 0) >= self._world_size
-        self._group = RankGroup(
+        self._group = lifecycle.start_group(
             self._world_size,
-            use_gpus=bool(use_gpus),
+            gpus=self._gpus,
             collective_timeout_s=self.collective_timeout_s,
             start_timeout_s=self.start_timeout_s,
             strategy=self.strategy,
@@ -222,19 +209,13 @@ class Cluster(ClusterTransfer, Result):
 
     def _reattach(self, name: str) -> bool:
         """Take over the ranks named ``name`` if they are running; say so either way."""
-        from nbtoolkit.cluster.placement import find_named_ranks
-        from nbtoolkit.cluster.ranks import RankGroup
-
-        found = find_named_ranks(name)
-        if found is None:
-            print(f"no ranks named {name!r} are running on this cluster: starting {self._world_size} new")
+        group = lifecycle.reattach_group(name, self._world_size, start_timeout_s=self.start_timeout_s)
+        if group is None:
             return False
-        actors, placement = found
-        self._group = RankGroup.attach(actors, placement, start_timeout_s=self.start_timeout_s)
-        self._world_size = self._group.world_size
-        self.collective_timeout_s = self._group.collective_timeout_s or self.collective_timeout_s
+        self._group = group
+        self._world_size = group.world_size
+        self.collective_timeout_s = group.collective_timeout_s or self.collective_timeout_s
         self.reattached = True
-        print(f"re-attached to the {self._world_size} ranks named {name!r} (their namespaces are kept)")
         return True
 
     # ---- properties ----
@@ -267,14 +248,7 @@ class Cluster(ClusterTransfer, Result):
 
     def save_token(self, path: str | Path) -> Path:
         """Write the token to ``path`` readable by its owner only (for ``--token-file``)."""
-        token = self.token
-        if not token:
-            raise ClusterError("this cluster has no auth token to save")
-        target = Path(path).expanduser()
-        target.touch(mode=0o600, exist_ok=True)
-        target.chmod(0o600)
-        target.write_text(token)
-        return target
+        return lifecycle.save_token(self.token, path)
 
     def _live_attachment(self) -> Attachment:
         if self._attachment is None:
@@ -292,39 +266,7 @@ class Cluster(ClusterTransfer, Result):
     # ---- status and lifecycle ----
     def status(self) -> ClusterStatus:
         """Each rank's state (idle, busy, dead, broken), pid, node and device; asks the ranks live."""
-        attachment = self._live_attachment()
-        header = {
-            "address": attachment.address,
-            "origin": "started by this notebook" if attachment.started_here else "connected",
-            "world_size": self._world_size,
-            "backend": self._group.backend if self._group else "-",
-            "master": self._group.master if self._group and hasattr(self._group, "master") else None,
-            "nodes": len({info.ip for info in self._group.ranks}) if self._group else 0,
-        }
-        rows = []
-        if self._group is not None:
-            for entry in self._group.states():
-                info, live = entry["info"], entry["live"]
-                state = info.state
-                if state not in {"dead", "broken"} and live.get("busy_s") is not None:
-                    state = "busy"
-                if live.get("unresponsive"):
-                    state = "unresponsive"
-                rows.append(
-                    {
-                        "rank": info.rank,
-                        "state": state,
-                        "pid": info.pid,
-                        "node": info.host,
-                        "ip": info.ip,
-                        "device": live.get("device")
-                        or (f"cuda:{info.gpu_ids[0]}" if info.gpu_ids else "cpu"),
-                        "cells_run": int(live.get("cells_run") or 0),
-                        "busy_s": live.get("busy_s"),
-                        "cause": info.cause,
-                    }
-                )
-        return ClusterStatus(header, rows)
+        return lifecycle.cluster_status(self._live_attachment(), self._world_size, self._group)
 
     def restart(self) -> Cluster:
         """Fresh ranks (new processes, empty namespaces, a new process group) on the same cluster."""
@@ -355,6 +297,249 @@ class Cluster(ClusterTransfer, Result):
             self._group = None
             attachment, self._attachment = self._attachment, None
             detach(attachment)
+
+    # ---- running code on the ranks (the work: nbtoolkit.cluster.running) ----
+    def execute(
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
+        max_result_bytes: int | None = None,
+    ) -> RemoteRun:
+        """Run a cell (source text, in each rank's namespace) or call a function on each rank.
+
+        Never raises for a failure on the ranks: the returned :class:`RemoteRun` holds
+        values, remote tracebacks and dead ranks (``.raise_for_errors()``). ``on_output``
+        receives ``(rank, stream, text)`` as the ranks print.
+
+        When no rank makes progress (no collective completes, nothing is printed) for
+        ``hang_after_s`` seconds (default :attr:`hang_after_s`), the hang diagnosis is shown
+        (:meth:`hang_report`'s text); then the call keeps waiting (``on_hang="wait"``:
+        Ctrl-C stops it) or stops like Ctrl-C (``on_hang="interrupt"``).
+
+        A rank whose value pickles to more than ``max_result_bytes`` (default
+        :attr:`max_result_bytes`) sends back an error naming its size instead; the rank stays usable.
+        """
+        return running.execute(
+            self._live_group(),
+            self._world_size,
+            code_or_fn,
+            ranks=ranks,
+            on_output=on_output,
+            args=args,
+            kwargs=kwargs,
+            hang_after_s=hang_after_s if hang_after_s is not None else self.hang_after_s,
+            on_hang=on_hang,
+            max_result_bytes=max_result_bytes if max_result_bytes is not None else self.max_result_bytes,
+        )
+
+    def run(
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
+        max_result_bytes: int | None = None,
+    ) -> list[Any]:
+        """One result per rank, in rank order; raises :class:`RemoteCellError` if any rank failed.
+
+        ``hang_after_s``, ``on_hang`` and ``max_result_bytes``: see :meth:`execute`.
+        """
+        result = self.execute(
+            code_or_fn,
+            ranks=ranks,
+            on_output=on_output,
+            hang_after_s=hang_after_s,
+            on_hang=on_hang,
+            max_result_bytes=max_result_bytes,
+        )
+        result.raise_for_errors()
+        return result.value_list()
+
+    def run_cell(
+        self,
+        source: str,
+        *,
+        ranks: RankSpec = None,
+        profile: bool = False,
+        steps: int = PROFILE_STEPS,
+        memory: bool = False,
+        model: str | None = None,
+        optimizer: str | None = None,
+        hang_after_s: float | None = None,
+        on_hang: str = "wait",
+    ) -> RemoteRun | Trace | RankMemory | None:
+        """Run a notebook cell on the ranks the way ``%%nbt remote`` does.
+
+        Each line a rank prints appears as ``[rank N] line`` while the cell runs; a progress
+        line appears when the cell runs longer than a few seconds. Returns the
+        :class:`RemoteRun` (None when no rank gave a value, like a cell without a final
+        expression), with ``profile=True`` a multi-rank Trace of ``steps`` runs, with
+        ``memory=True`` a RankMemory (``model``/``optimizer``: variable names on the ranks).
+        Raises :class:`~nbtoolkit.core.errors.RemoteCellError` when the cell failed on any rank.
+        ``hang_after_s``/``on_hang``: the stall diagnosis of a plain run (see :meth:`execute`).
+        """
+        from nbtoolkit.cluster.output import RankPrefixedPrinter
+        from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
+
+        if profile and memory:
+            raise NbtUsageError("choose one of profile and memory (--profile, --memory): not both")
+        if (model or optimizer) and not memory:
+            raise NbtUsageError("model and optimizer (--model, --optimizer) name variables for memory only")
+        printer = RankPrefixedPrinter()
+        try:
+            with DelayedProgress(f"running on {ranks or 'all'} ranks", delay_s=CELL_DELAY_S):
+                if profile:
+                    return self.profile(source, steps=steps, ranks=ranks, on_output=printer)
+                if memory:
+                    names = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v}
+                    return self.memory(source, ranks=ranks, on_output=printer, **names)
+                result = self.execute(
+                    source, ranks=ranks, on_output=printer, hang_after_s=hang_after_s, on_hang=on_hang
+                )
+                result.raise_for_errors()  # inside: the progress line then ends with "stopped"
+        finally:
+            printer.flush()
+        return result if result.has_values else None
+
+    def _tool(
+        self,
+        name: str,
+        code_or_fn: Step,
+        ranks: RankSpec,
+        options: dict[str, Any],
+        on_output: OutputCallback | None,
+    ) -> RemoteRun:
+        """Run ``nbtoolkit.cluster.rank_tools.<name>`` around the step on each rank; raise on failure."""
+        running.check_step(code_or_fn)
+        return running.run_tool(
+            self._live_group(), self._world_size, name, code_or_fn, ranks=ranks, options=options,
+            on_output=on_output, hang_after_s=self.hang_after_s,
+        )
+
+    def profile(
+        self,
+        code_or_fn: Step,
+        *,
+        steps: int | None = None,
+        warmup: int | None = None,
+        ranks: RankSpec = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        save_dir: str | Path | None = None,
+        on_output: OutputCallback | None = None,
+        config: MeasureConfig | None = None,
+    ) -> Trace:
+        """Profile ``warmup + steps`` runs of the step on every rank; return one multi-rank Trace.
+
+        Each rank records a torch.profiler Chrome trace (the warmup runs unrecorded), ships
+        it back gzipped, and the notebook reads the per-rank files with
+        :func:`nbtoolkit.load_trace`. ``save_dir`` keeps those files (``rank<N>.json.gz``).
+        ``config``: a :class:`~nbtoolkit.MeasureConfig` giving ``steps`` and ``warmup``
+        (``steps=``/``warmup=`` given as well win); defaults ``MeasureConfig()``'s.
+        """
+        measure = measure_config(config, steps=steps, warmup=warmup)
+        options = {
+            "steps": measure.steps,
+            "warmup": measure.warmup,
+            "record_shapes": record_shapes,
+            "profile_memory": profile_memory,
+            "with_stack": with_stack,
+        }
+        result = self._tool("profile_to_bytes", code_or_fn, ranks, options, on_output)
+        return running.traces_of(result, save_dir)
+
+    def memory(
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        **options: Any,
+    ) -> RankMemory:
+        """:func:`nbtoolkit.memory_timeline` of the step on every rank: a :class:`RankMemory`.
+
+        The result is a sequence of one MemoryTimeline per rank, in rank order, with a
+        per-rank peak table and figure. ``options`` go to ``memory_timeline`` (``steps``,
+        ``device``); ``model`` and ``optimizer`` may be given as names of variables in the
+        ranks' namespaces.
+        """
+        result = self._tool("memory_timeline_on_rank", code_or_fn, ranks, options, on_output)
+        return running.rank_memory(result)
+
+    def graphs(
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """:func:`nbtoolkit.capture_graphs` of the step on every rank: one GraphReport per rank."""
+        return self._tool("capture_graphs_on_rank", code_or_fn, ranks, options, on_output).value_list()
+
+    def step_metrics(
+        self,
+        code_or_fn: Step,
+        *,
+        ranks: RankSpec = None,
+        on_output: OutputCallback | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """:func:`nbtoolkit.step_metrics` of the step on every rank: one StepMetrics per rank.
+
+        A per-rank table: ``nbtoolkit.metrics.step_metrics.metrics_frame(results, label="rank")``;
+        a chart: ``nbt.mfu_chart(results)``.
+        """
+        return self._tool("step_metrics_on_rank", code_or_fn, ranks, options, on_output).value_list()
+
+    # ---- moving data (the work: nbtoolkit.cluster.transfer) ----
+    def push(self, values: dict[str, Any], *, ranks: RankSpec = None) -> None:
+        """Set variables in the namespace of each rank (``values`` maps name -> value).
+
+        Prints one line saying which variables went to which ranks (as ``%nbt push`` shows).
+        """
+        chosen = transfer.push_targets(values, ranks, self._world_size)
+        transfer.push(self._live_group(), chosen, values, everyone=ranks is None)
+
+    def pull(self, name: str, *, ranks: RankSpec = None) -> list[Any]:
+        """A variable's value from each rank, in rank order."""
+        transfer.check_variable_name(name)
+        return self.run(name, ranks=ranks)
+
+    def fetch(
+        self,
+        pattern: str,
+        *,
+        into: str | Path | None = None,
+        ranks: RankSpec = None,
+        max_bytes: int = FETCH_MAX_BYTES,
+    ) -> FetchedFiles:
+        """Copy the files matching ``pattern`` on each rank into a folder of the notebook's machine.
+
+        For what the ranks wrote themselves: profiler traces, CUDA memory snapshots,
+        ``TORCH_TRACE`` compile logs. ``{rank}`` in the pattern becomes each rank's number
+        (ranks of a local cluster share one file system), ``~`` is expanded and ``**``
+        matches folders recursively. Each file lands as ``rank<N>-<name>`` in ``into`` (a new
+        temporary folder by default), so ``nbt.load_trace(folder)`` and
+        ``nbt.load_compile_log(folder)`` see one rank per file. At most ``max_bytes`` per rank.
+        Returns the local paths, sorted (a list that shows how many files, their size and folder).
+        """
+        from nbtoolkit.cluster.rank_tools import read_matching_files
+
+        # The files come back as the call's value: fetch's own cap bounds it, not max_result_bytes.
+        result = self.execute(
+            read_matching_files, args=(pattern, max_bytes), ranks=ranks, max_result_bytes=max_bytes + 2**20
+        )
+        return transfer.save_fetched(result, pattern, into)
 
     def hang_report(self) -> Any:
         """Why the ranks are stuck: a HangReport (``.frame()`` per rank, ``.verdicts``, its text).
@@ -391,15 +576,7 @@ class Cluster(ClusterTransfer, Result):
 
     # ---- display ----
     def _text(self) -> str:
-        if self._attachment is None:
-            return "Cluster (closed)"
-        group = self._group
-        backend = group.backend if group else "-"
-        states = [i.state for i in group.ranks] if group else []
-        summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states)) or "no ranks"
-        origin = "local, started here" if self._attachment.started_here else "connected"
-        address = self._attachment.address
-        return f"Cluster at {address} ({origin}): {self._world_size} ranks, {backend} ({summary})"
+        return lifecycle.cluster_line(self._attachment, self._world_size, self._group)
 
     def _html(self) -> str:
         return f"<div class='nbt-cluster'><b>nbtoolkit</b> {escape(self._text())}</div>"

@@ -20,18 +20,39 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from nbtoolkit.core.errors import ClusterError
 
 if TYPE_CHECKING:
-    # the Cluster's running half: cluster.Cluster's methods import this module, so not the Cluster
-    from nbtoolkit.cluster.running import ClusterRunning
+    from nbtoolkit.cluster.rank_spec import RankSpec
+    from nbtoolkit.cluster.state import RemoteRun
     from nbtoolkit.trace.summarize_folder import RankOutcome
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.trace import Trace
 
-__all__ = ["list_trace_files_on_rank", "load_ranks_on_cluster", "summarize_on_cluster", "summarize_on_rank"]
+__all__ = [
+    "RunsOnRanks",
+    "list_trace_files_on_rank",
+    "load_ranks_on_cluster",
+    "summarize_on_cluster",
+    "summarize_on_rank",
+]
+
+
+class RunsOnRanks(Protocol):
+    """What these functions use of a cluster (a :class:`~nbtoolkit.cluster.cluster.Cluster` is one)."""
+
+    max_result_bytes: int
+
+    def execute(
+        self,
+        code_or_fn: Any,
+        *,
+        ranks: RankSpec = None,
+        args: tuple[Any, ...] = (),
+        max_result_bytes: int | None = None,
+    ) -> RemoteRun: ...
 
 
 def list_trace_files_on_rank(where: str) -> dict[str, Any]:
@@ -80,7 +101,7 @@ def _load_files_on_rank(assignment: dict[int, list[str]], cache: bool) -> Trace 
 
 
 def summarize_on_cluster(
-    cluster: ClusterRunning,
+    cluster: RunsOnRanks,
     where: str,
     *,
     cache: bool = False,
@@ -119,7 +140,7 @@ def summarize_on_cluster(
 
 
 def load_ranks_on_cluster(
-    cluster: ClusterRunning, summary: TraceSummary, ranks: list[int], *, cache: bool = False
+    cluster: RunsOnRanks, summary: TraceSummary, ranks: list[int], *, cache: bool = False
 ) -> Trace:
     """The events of the chosen trace ranks, read on the nodes holding their files."""
     from nbtoolkit.trace.trace import Trace

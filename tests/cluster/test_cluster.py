@@ -416,6 +416,28 @@ def test_profile_gathers_one_trace_per_rank(cluster) -> None:
     assert trace.info[1].world_size == 2
 
 
+def _profiled_steps(trace, rank: int) -> int:
+    return len({n for n in trace.rank_events(rank)["name"].astype(str) if n.startswith("ProfilerStep#")})
+
+
+def test_profile_takes_a_measure_config_and_its_keywords_win(cluster) -> None:
+    from nbtoolkit.core.measure_config import MeasureConfig
+
+    def step() -> float:
+        import torch
+
+        return float(torch.ones(8).sum())
+
+    trace = cluster.profile(step, config=MeasureConfig(steps=2, warmup=0))
+    assert [_profiled_steps(trace, r) for r in (0, 1)] == [2, 2]
+    trace = cluster.profile(step, config=MeasureConfig(steps=2, warmup=0), steps=1)  # steps= wins
+    assert [_profiled_steps(trace, r) for r in (0, 1)] == [1, 1]
+    with pytest.raises(NbtUsageError, match=r"must be a nbtoolkit\.MeasureConfig"):
+        cluster.profile(step, config={"steps": 2})  # type: ignore[arg-type]
+    with pytest.raises(NbtUsageError, match="steps must be >= 1 and warmup >= 0"):
+        cluster.profile(step, steps=0)
+
+
 def test_graph_reports_come_back_from_every_rank(cluster) -> None:
     def compiled_with_a_break() -> object:
         import torch
@@ -736,6 +758,21 @@ def test_zero3_splits_the_compiled_graph_where_zero1_does_not(cluster) -> None:
     assert "deepspeed" in files
     assert "per ZeRO stage" in repr(result)
     assert cluster.run("dist.get_world_size()") == [2, 2]
+
+
+@pytest.mark.deepspeed
+def test_zero_graph_breaks_takes_a_measure_config(cluster) -> None:
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.integrations.deepspeed.graph_breaks import zero_graph_breaks
+
+    with pytest.raises(NbtUsageError, match=r"must be a nbtoolkit\.MeasureConfig"):
+        zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=2)  # type: ignore[arg-type]
+    with pytest.raises(NbtUsageError, match="steps must be >= 1"):
+        zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=MeasureConfig(), steps=0)
+    result = zero_graph_breaks(cluster, _small_model, _batch, stages=(1,), config=MeasureConfig(steps=1))
+    row = result.table.set_index("stage").loc[1]
+    assert (row["graphs"], row["graph_breaks"]) == (1, 0)
+    assert row["same_on_all_ranks"]
 
 
 def test_a_killed_rank_ends_the_cell_with_its_name_and_restart_recovers(cluster) -> None:

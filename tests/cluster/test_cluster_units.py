@@ -330,7 +330,7 @@ def test_status_names_each_ranks_node_only_when_ranks_span_several_nodes() -> No
 
 
 def test_connect_starts_one_rank_per_gpu_else_per_cpu_slot_unless_told() -> None:
-    from nbtoolkit.cluster.cluster import ranks_for
+    from nbtoolkit.cluster.lifecycle import ranks_for
 
     assert ranks_for({"CPU": 6.0}, None) == 6
     assert ranks_for({"CPU": 64.0, "GPU": 8.0}, None) == 8

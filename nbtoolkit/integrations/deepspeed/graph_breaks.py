@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.result import Result, html_table
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.rank import graph_breaks_one_on_rank
@@ -44,10 +45,11 @@ def zero_graph_breaks(
     *,
     stages: Sequence[int] = (1, 2, 3),
     backend: str = "eager",
-    steps: int = 2,
+    steps: int | None = None,
     micro_batch_size: int = 8,
     lr: float = 1e-3,
     loss_fn: Callable[[Any, Any], Any] | None = None,
+    config: MeasureConfig | None = None,
 ) -> ZeroGraphBreaks:
     """Compile the model with DeepSpeed (``engine.compile``) under each ZeRO stage and count its
     graphs and graph breaks on every rank.
@@ -56,18 +58,23 @@ def zero_graph_breaks(
     sees parameter communication inside the model; stages 1 and 2 only partition optimizer state
     and gradients, outside the forward. How much of the model ends up in one graph is the point
     of the comparison. Rank 0's reports are kept in ``.reports`` (stage -> GraphReport).
+
+    ``steps``, ``config``: the training steps captured per stage (a :class:`~nbtoolkit.MeasureConfig`;
+    ``steps=`` given as well wins; default ``MeasureConfig()``'s). The first, compiling step is
+    the warm-up, so a ``warmup`` is not used (as in :func:`nbtoolkit.capture_graphs`).
     """
     import pandas as pd
 
     bad = [s for s in stages if s not in (1, 2, 3)]
     if bad or not stages:
         raise NbtUsageError(f"stages must be among 1, 2, 3, got {list(stages)}")
+    measure = measure_config(config, steps=steps)
     rows, reports = [], {}
     for stage in stages:
-        config = zero_config(micro_batch_size=micro_batch_size, stage=stage)
+        ds_config = zero_config(micro_batch_size=micro_batch_size, stage=stage)
         per_rank = cluster.run(
-            lambda config=config: graph_breaks_one_on_rank(
-                model_fn, batch_fn, config, backend=backend, steps=steps, lr=lr, loss_fn=loss_fn
+            lambda ds_config=ds_config: graph_breaks_one_on_rank(
+                model_fn, batch_fn, ds_config, backend=backend, measure=measure, lr=lr, loss_fn=loss_fn
             )
         )
         report = per_rank[0]

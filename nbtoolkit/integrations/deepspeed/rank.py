@@ -128,12 +128,12 @@ def graph_breaks_one_on_rank(
     config: dict[str, Any],
     *,
     backend: str,
-    steps: int,
+    measure: MeasureConfig,
     lr: float,
     loss_fn: Callable[[Any, Any], Any] | None,
 ) -> Any:
     """Build the model under ``config``, compile it with DeepSpeed's ``engine.compile``, and capture
-    the graphs, breaks and recompiles of ``steps`` training steps (a GraphReport)."""
+    the graphs, breaks and recompiles of ``measure.steps`` training steps (a GraphReport)."""
     import torch
     import torch.distributed as dist
 
@@ -145,7 +145,7 @@ def graph_breaks_one_on_rank(
     try:
         engine.compile(backend=backend)
         return capture_graphs(
-            step, steps=steps, eager_baseline=False, measure_cost=False,
+            step, config=measure, eager_baseline=False, measure_cost=False,
             label=f"ZeRO-{config['zero_optimization']['stage']}",
         )
     finally:
