@@ -85,7 +85,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "optimize_panel": "nbtoolkit.recompute.panel",
     "plan_recompute": "nbtoolkit.recompute.planner",
     "profile": "nbtoolkit.trace.profile",
-    "report": "nbtoolkit.report.report",
+    "report": "nbtoolkit.reporting.report",
     "roofline": "nbtoolkit.trace.roofline_analysis",
     "step_metrics": "nbtoolkit.metrics.measure",
     "stragglers": "nbtoolkit.trace.api",
@@ -187,7 +187,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.recompute.panel import optimize_panel
     from nbtoolkit.recompute.plan import RecomputePlan
     from nbtoolkit.recompute.planner import plan_recompute
-    from nbtoolkit.report.report import report
+    from nbtoolkit.reporting.report import report
     from nbtoolkit.trace.api import (
         comm_comp_overlap,
         compare,

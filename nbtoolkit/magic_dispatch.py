@@ -28,7 +28,7 @@ def load_subcommands() -> None:
     import nbtoolkit.memory.magic
     import nbtoolkit.metrics.magic
     import nbtoolkit.recompute.magic
-    import nbtoolkit.report.magic
+    import nbtoolkit.reporting.magic
     import nbtoolkit.trace.magic  # noqa: F401  (each import registers its subcommands)
 
     _loaded = True

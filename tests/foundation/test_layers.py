@@ -34,7 +34,7 @@ NEEDS: dict[str, set[str]] = {
     "recompute": {"memory", "metrics", "compile"},
     "cluster": {"trace", "memory", "compile", "metrics", "recompute"},
     "integrations": {"cluster", "recompute", "trace", "memory", "compile", "metrics"},
-    "report": set(),
+    "reporting": set(),
 }
 TOP = {"nbtoolkit", "nbtoolkit.magic_dispatch"}  # the package's __init__ and the magic dispatcher wire it all
 REVIEW_LINES = 600
@@ -201,3 +201,13 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     cycle = _cycle(_graph({"nbtoolkit.x.a": a, "nbtoolkit.x.b": b}))
     assert cycle is not None and set(cycle) == {"nbtoolkit.x.a", "nbtoolkit.x.b"}
     assert _cycle({"core": {}, "trace": {"core": 0}}) is None
+
+
+def test_no_package_hides_a_public_name() -> None:
+    # Importing nbtoolkit.X sets the attribute X on the package, over the lazy public name:
+    # a feature package named like a public function (nbt.report) would make it a module.
+    import nbtoolkit
+
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert not (packages | modules) & set(nbtoolkit.__all__)

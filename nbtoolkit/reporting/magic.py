@@ -9,7 +9,7 @@ from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, regis
 
 def _report(args: Any, call: MagicCall) -> Any:
     from nbtoolkit.core.errors import NbtUsageError
-    from nbtoolkit.report.report import collect_results, report
+    from nbtoolkit.reporting.report import collect_results, report
 
     results = collect_results(call.user_ns, args.variables or None)
     if not results:
