@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from nbtoolkit.recompute.comparison import Comparison
     from nbtoolkit.recompute.plan import RecomputePlan
 
-__all__ = ["OptimizePanel", "optimize_panel", "plan_summary_html", "tradeoff_figure", "zero_recompute_figure"]
+__all__ = ["OptimizePanel", "optimize_panel", "plan_summary_html", "zero_recompute_figure"]
 
 _MIB = 2**20
 

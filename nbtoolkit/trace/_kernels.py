@@ -29,16 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbtoolkit.core.profiler_steps import profiler_step_names
-from nbtoolkit.trace.kernel_types import (
-    _SYNC_NAMES,
-    COMMUNICATION,
-    COMPUTATION,
-    MEMORY,
-    OTHER,
-    kernel_type,
-    kernel_type_table,
-    kernel_types,
-)
+from nbtoolkit.trace.kernel_types import _SYNC_NAMES, kernel_types
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,15 +37,8 @@ if TYPE_CHECKING:
     from nbtoolkit.trace.trace import Trace
 
 __all__ = [
-    "COMMUNICATION",
-    "COMPUTATION",
-    "MEMORY",
-    "OTHER",
     "DeviceView",
     "device_view",
-    "kernel_type",
-    "kernel_type_table",
-    "kernel_types",
 ]
 
 class DeviceView:

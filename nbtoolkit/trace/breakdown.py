@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbtoolkit.trace import _kernels as k
+from nbtoolkit.trace import kernel_types as kt
 from nbtoolkit.trace._intervals import intersection_length
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
                 run = float((busy[1] - busy[0]).sum())
             else:
                 span = run = 0.0
-            compute = k.merged(view.device, k.COMPUTATION)
+            compute = k.merged(view.device, kt.COMPUTATION)
             compute_us = float((compute[1] - compute[0]).sum())
             idle = span - run
             non_compute = run - compute_us
@@ -83,7 +84,7 @@ def kernel_breakdown(
 
     from nbtoolkit.trace.trace import KernelBreakdown
 
-    types = [k.COMPUTATION, k.COMMUNICATION] + ([k.MEMORY] if include_memory else [])
+    types = [kt.COMPUTATION, kt.COMMUNICATION] + ([kt.MEMORY] if include_memory else [])
     totals: dict[str, float] = {}
     per_kernel = []
     for rank in trace.ranks:

@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nbtoolkit.core.errors import TraceError
-from nbtoolkit.trace._kernels import COMMUNICATION, MEMORY, kernel_types
 from nbtoolkit.trace.critical_path import SEGMENT_COLUMNS, CriticalPath
 from nbtoolkit.trace.critical_path_graph import BACKEND_PREFIXES, Graph, build_graph, longest_path
+from nbtoolkit.trace.kernel_types import COMMUNICATION, MEMORY, kernel_types
 from nbtoolkit.trace.overlap import COMM_PREFIXES
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The critical path drawn over the rank's timeline lanes (plotly).
 
-The lanes are :func:`nbtoolkit.trace.views.timeline`'s; the path is one more trace on
+The lanes are :func:`nbtoolkit.trace.timeline_figure.timeline`'s; the path is one more trace on
 top: each segment a wide translucent band on the lane it ran on (host thread or stream), the
 waits and gaps between them as a thin dashed line, so the eye follows the chain from lane to
 lane. The x axis is zoomed to the iteration. plotly is imported inside the function.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from nbtoolkit.core.profiler_steps import PROFILER_STEP_PREFIX
-from nbtoolkit.trace.views import timeline
+from nbtoolkit.trace.timeline_figure import timeline
 
 if TYPE_CHECKING:
     import pandas as pd

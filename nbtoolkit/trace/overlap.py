@@ -38,6 +38,7 @@ import numpy as np
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.profiler_steps import step_number_table
 from nbtoolkit.trace import _kernels as k
+from nbtoolkit.trace import kernel_types as kt
 from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.trace.kernel_types import COMM_PREFIXES
 
@@ -201,9 +202,9 @@ def _comm_and_comp(trace: Trace, rank: int, *, include_last_step: bool) -> _Rank
     device = view.device_rows
     if len(device):
         codes, categories = view.codes("name", device)
-        kinds = k.kernel_type_table(categories)[codes]
-        comm_rows = device[kinds == k.COMMUNICATION]
-        comp_rows = device[kinds == k.COMPUTATION]
+        kinds = kt.kernel_type_table(categories)[codes]
+        comm_rows = device[kinds == kt.COMMUNICATION]
+        comp_rows = device[kinds == kt.COMPUTATION]
         return _RankCalls(
             view,
             comm_rows,

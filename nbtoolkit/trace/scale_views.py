@@ -9,7 +9,7 @@ of a summary are per-rank numbers drawn densely, plus lanes for a chosen few:
 - :func:`straggler_ranking`: the ranks that work longest per step (``nbt.stragglers``),
   as bars, the top ``n`` named;
 - :func:`straggler_lanes`: the lanes of the top stragglers next to the median rank
-  (``nbt.views.trace_views.timeline`` with a rank selection; events loaded for those ranks only).
+  (``nbtoolkit.trace.timeline_figure.timeline`` with a rank selection; events loaded for those ranks only).
 
 ``summary.figures()`` returns all of them in a :class:`ScaleView` that shows text in a
 terminal and the figures in a notebook. plotly is imported inside the functions.
@@ -164,7 +164,7 @@ def top_stragglers(summary: ScaleSummary, top: int = 4) -> list[int]:
 
 def straggler_lanes(summary: ScaleSummary, *, top: int = 2, resolution: int = 2000) -> Any:
     """Lanes of the ``top`` slowest ranks and of the median rank, for comparison."""
-    from nbtoolkit.trace.views import timeline
+    from nbtoolkit.trace.timeline_figure import timeline
 
     table = summary.stragglers().table.sort_values("work_ms", ignore_index=True)
     median_rank = int(table["rank"].iloc[len(table) // 2])

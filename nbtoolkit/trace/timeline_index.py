@@ -172,14 +172,14 @@ class TraceTimelineIndex:
 
 def _rank_kinds(trace: Trace, rank: int) -> np.ndarray:
     """KINDS code per row of one rank (see the module docstring)."""
-    from nbtoolkit.trace import _kernels as k
+    from nbtoolkit.trace import kernel_types as kt
     from nbtoolkit.trace.overlap import COMM_PREFIXES
 
     frame = trace.events[rank]
     names = frame["name"]
     categories = [str(c) for c in names.cat.categories]
-    device_kind = {k.COMPUTATION: 0, k.COMMUNICATION: 1, k.MEMORY: 2, k.OTHER: 3}
-    as_device = np.array([device_kind[k.kernel_type(c)] for c in categories] + [3], dtype=np.int8)
+    device_kind = {kt.COMPUTATION: 0, kt.COMMUNICATION: 1, kt.MEMORY: 2, kt.OTHER: 3}
+    as_device = np.array([device_kind[kt.kernel_type(c)] for c in categories] + [3], dtype=np.int8)
     as_host = np.array([1 if c.startswith(COMM_PREFIXES) else 4 for c in categories] + [4], dtype=np.int8)
     codes = names.cat.codes.to_numpy()
     on_device = frame["stream"].to_numpy() >= 0

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.trace.trace import StragglerReport, Trace
 
-__all__ = ["TraceReport", "overlap_chart", "timeline"]
+__all__ = ["TraceReport", "overlap_chart"]
 
 def overlap_chart(trace_or_overlap: Trace | pd.DataFrame) -> Any:
     """Bar chart per rank: communication hidden behind compute vs exposed (ms), overlap % on top."""

@@ -10,8 +10,9 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbtoolkit as nbt
-from nbtoolkit.recompute.panel import OptimizePanel, plan_summary_html, tradeoff_figure
+from nbtoolkit.recompute.panel import OptimizePanel, plan_summary_html
 from nbtoolkit.recompute.plan import RecomputePlan
+from nbtoolkit.recompute.tradeoff_figure import tradeoff_figure
 from tests.optimize._models import make_gpt
 
 HIDDEN = [64, 256, 128, 384]

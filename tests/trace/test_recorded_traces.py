@@ -22,7 +22,8 @@ import pytest
 import nbtoolkit as nbt
 from nbtoolkit.trace.overlap import COMM_PREFIXES
 from nbtoolkit.trace.overlap_report import OverlapReport
-from nbtoolkit.trace.views import TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.timeline_figure import timeline
+from nbtoolkit.trace.views import TraceReport, overlap_chart
 
 from .conftest import PROFILED_STEPS, STRAGGLER_RANK, STRAGGLER_SLEEP_S
 

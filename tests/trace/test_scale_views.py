@@ -9,8 +9,8 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.trace import scale_views as views
-from nbtoolkit.trace import views as trace_views
 from nbtoolkit.trace.scale_set import ScaleSet, write_scale_set
+from nbtoolkit.trace.timeline_figure import timeline
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_ranking_puts_the_injected_straggler_first_and_lanes_show_only_chosen_ra
     shown = {int(label.split()[1]) for label in lanes.layout.yaxis.ticktext}  # "rank N ..." lanes
     assert scale_set.straggler in shown and len(shown) <= 2
     with pytest.raises(nbt.TraceError, match="pick a few"):
-        trace_views.timeline(summary.load_ranks([0]), ranks=[0, 999])
+        timeline(summary.load_ranks([0]), ranks=[0, 999])
 
 
 def test_overlap_distribution_counts_every_rank(summary: nbt.TraceSummary) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.trace.overlap_report import OverlapReport
-from nbtoolkit.trace.views import TraceReport, overlap_chart, timeline
+from nbtoolkit.trace.timeline_figure import timeline
+from nbtoolkit.trace.views import TraceReport, overlap_chart
 
 
 @pytest.fixture(scope="module")
