@@ -78,6 +78,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "locate_data": "nbtoolkit.core.datasets",
     "memory_by": "nbtoolkit.memory.breakdown",
     "memory_diff": "nbtoolkit.memory.diff",
+    "memory_imbalance": "nbtoolkit.memory.api",
     "memory_timeline": "nbtoolkit.memory.capture",
     "memory_widget": "nbtoolkit.memory.timeline_widget",
     "mfu_chart": "nbtoolkit.metrics.figures",
@@ -111,24 +112,10 @@ _EAGER_EXPORTS = [
     "TraceError",
     "__version__",
     "load_ipython_extension",
-    "memory_imbalance",
     "unload_ipython_extension",
 ]
 # Computed, so that a new entry of _LAZY_EXPORTS is public at once; a test checks it is sorted.
 __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
-
-
-def memory_imbalance(ranks: Any) -> MemoryImbalance:
-    """Which rank peaks highest and why (:func:`nbtoolkit.memory.diff.memory_imbalance`).
-
-    ``ranks``: a RankMemory, ``{rank: snapshot or timeline}``, a list in rank order, or a folder of
-    per-rank snapshots. A folder is read here (``nbt.load_rank_snapshots``): the analysis reads no files.
-    """
-    from nbtoolkit.core.inputs import is_path
-    from nbtoolkit.memory.diff import memory_imbalance as imbalance_of
-    from nbtoolkit.memory.snapshot_ranks import load_rank_snapshots
-
-    return imbalance_of(load_rank_snapshots(ranks) if is_path(ranks) else ranks)
 
 
 def __getattr__(name: str) -> Any:
@@ -167,6 +154,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.compile.report import GraphComparison, GraphReport
     from nbtoolkit.core.datasets import locate_data
     from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.memory.api import memory_imbalance
     from nbtoolkit.memory.breakdown import memory_by
     from nbtoolkit.memory.capture import memory_timeline
     from nbtoolkit.memory.diff import memory_diff
