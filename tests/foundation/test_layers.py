@@ -31,9 +31,9 @@ NEEDS: dict[str, set[str]] = {
     "trace": {"timeline", "metrics"},
     "memory": {"timeline"},
     "compile": set(),
-    "recompute": {"memory", "metrics", "compile"},
-    "cluster": {"trace", "memory", "compile", "metrics", "recompute"},
-    "integrations": {"cluster", "recompute", "trace", "memory", "compile", "metrics"},
+    "recompute": {"memory", "metrics"},
+    "cluster": {"trace", "memory", "compile", "metrics"},
+    "integrations": {"cluster", "recompute", "trace", "memory", "compile"},
     "reporting": set(),
 }
 TOP = {"nbtoolkit", "nbtoolkit.magic_dispatch"}  # the package's __init__ and the magic dispatcher wire it all
@@ -153,6 +153,18 @@ def test_declared_needs_form_no_circle() -> None:
 def test_imports_stay_inside_declared_features(path: Path) -> None:
     problem = _wrong_feature_imports(path, _module_name(path))
     assert problem is None, problem
+
+
+def test_declared_needs_are_used() -> None:
+    # NEEDS is the picture of the house: a need no import uses any more is removed from it
+    used: dict[str, set[str]] = {}
+    for source, targets in _graph(NAMES).items():
+        for target in targets:
+            if _feature(source) not in ("top", _feature(target)):
+                used.setdefault(_feature(source), set()).add(_feature(target))
+    unused = {f: needs - used.get(f, set()) for f, needs in NEEDS.items()}
+    stale = {f: sorted(names) for f, names in unused.items() if names}
+    assert not stale, f"declared in NEEDS but never imported: {stale}"
 
 
 def test_no_import_cycle_between_files() -> None:
