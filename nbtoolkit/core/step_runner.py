@@ -42,8 +42,10 @@ def call_step(step: Callable[[], Any], what: str, *, name: str | None = None) ->
         raise
     except Exception as exc:
         label = name or step_name(step)
+        detail = str(exc).rstrip()
+        end = "" if detail.endswith((".", "!", "?")) else "."  # torch's messages often end a sentence
         raise StepError(
-            f"the step {label!r} raised {type(exc).__name__} during the {what}: {exc}. "
+            f"the step {label!r} raised {type(exc).__name__} during the {what}: {detail}{end} "
             "Run it once on its own to see the full traceback, fix it and measure again",
             step=label,
             call=what,

@@ -109,8 +109,9 @@ class OptimizePanel:
             layout=widgets.Layout(width="520px"), style={"description_width": "initial"},
         )
         self.compile = widgets.Checkbox(value=bool(compile), description="torch.compile")
-        self.amp = widgets.Dropdown(options=[("no AMP", None), ("bf16", "bf16"), ("fp16", "fp16")],
-                                    value=amp, description="AMP")
+        # "none", not None: a Dropdown whose value is None shows no choice at all (a blank box)
+        self.amp = widgets.Dropdown(options=[("no AMP", "none"), ("bf16", "bf16"), ("fp16", "fp16")],
+                                    value=amp or "none", description="AMP")
         self.summary = widgets.HTML()
         self.figure = widgets.Output()
         self.button = widgets.Button(description="Apply and measure", button_style="primary")
@@ -166,7 +167,7 @@ class OptimizePanel:
         try:
             comparison = optimize(
                 self.model, self.step, compile=compile_arg, recompute=blocks or None,
-                amp=self.amp.value, progress=self._report,
+                amp=None if self.amp.value == "none" else self.amp.value, progress=self._report,
                 config=measure_config(steps=self.steps, warmup=self.warmup),
             )
         except NbtError as exc:

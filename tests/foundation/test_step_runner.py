@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import nbtoolkit as nbt
 from nbtoolkit.core.errors import NbtUsageError, StepError
 from nbtoolkit.core.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP, MeasureConfig, measure_config
+from nbtoolkit.core.step_runner import call_step
 
 PACKAGE = Path(nbt.__file__).parent
 
@@ -286,3 +288,18 @@ def test_deepspeed_rank_times_with_the_runner() -> None:
     source = inspect.getsource(rank.sweep_one_on_rank)
     assert "run_steps(step, measure, warmup_only=True)" in source
     assert "measure" in inspect.signature(rank.sweep_one_on_rank).parameters
+
+
+def test_a_message_that_ends_a_sentence_is_not_given_a_second_period() -> None:
+    def ends(text: str) -> Callable[[], None]:
+        def step() -> None:
+            raise RuntimeError(text)
+
+        return step
+
+    with pytest.raises(StepError) as ended:
+        call_step(ends("modified by an inplace operation (check_nan=False)."), "timed step")
+    assert "(check_nan=False). Run it once" in str(ended.value) and ".." not in str(ended.value)
+    with pytest.raises(StepError) as bare:
+        call_step(ends("no period"), "timed step")
+    assert "no period. Run it once" in str(bare.value)

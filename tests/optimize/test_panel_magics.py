@@ -54,6 +54,13 @@ def test_slider_updates_prediction_without_running_the_step(setup: Any) -> None:
     assert "OptimizePanel" in repr(panel)
 
 
+def test_the_amp_choice_shows_no_amp_by_default(setup: Any) -> None:
+    model, step, plan = setup
+    panel = OptimizePanel(model, step, plan, steps=1, warmup=0)
+    assert panel.amp.label == "no AMP" and panel.amp.index == 0  # not a blank box
+    assert OptimizePanel(model, step, plan, amp="bf16").amp.label == "bf16"
+
+
 def test_apply_button_measures_and_shows_comparison(setup: Any) -> None:
     model, step, plan = setup
     panel = OptimizePanel(model, step, plan, steps=1, warmup=0)
