@@ -211,9 +211,12 @@ def read_frame(
                 + ("the file is missing" if not file.exists() else "not a regular file (a FIFO or device?)")
                 + "; save it again"
             )
+    from nbtoolkit.core.bounded import max_read_bytes
+
+    limit = max_read_bytes()  # before the try: a malformed NBT_MAX_READ_BYTES is the user's, not the file's
     try:
         with path_errors(file, f"read the saved {what}'s frame", error=error):
-            _check_size(pq.read_metadata(file), file, what=what, error=error)
+            _check_size(pq.read_metadata(file), file, limit, what=what, error=error)
             table = pq.read_table(file)
             table.validate(full=True)  # e.g. text that is not UTF-8, which fails only when used
     except (pa.ArrowException, ValueError, MemoryError, TypeError, KeyError, IndexError) as exc:
@@ -253,17 +256,16 @@ def read_frame(
 _COERCED = ("int64", "Int64", "float64", "bool", "category")
 
 
-def _check_size(metadata: Any, file: Path, *, what: str, error: type[NbtError]) -> None:
+def _check_size(metadata: Any, file: Path, limit: int, *, what: str, error: type[NbtError]) -> None:
     """Refuse a frame whose rows would take more memory than the read limit (a Parquet "bomb").
 
     A column of one repeated value compresses to almost nothing: a 2 MB file can hold 50 million
     rows, 3 GB once read. Estimated as 8 bytes per row and column, against the readers' limit
     (``NBT_MAX_READ_BYTES``, default 8 GiB; see :mod:`nbtoolkit.core.bounded`).
     """
-    from nbtoolkit.core.bounded import ENV_MAX_READ_BYTES, max_read_bytes
+    from nbtoolkit.core.bounded import ENV_MAX_READ_BYTES
     from nbtoolkit.core.units import format_bytes
 
-    limit = max_read_bytes()  # the one reading of NBT_MAX_READ_BYTES (and of a reader's max_bytes=)
     estimate = int(metadata.num_rows) * max(1, int(metadata.num_columns)) * 8
     if estimate > limit:
         raise error(

@@ -535,6 +535,10 @@ def test_a_parquet_bomb_is_refused_before_it_is_read(
         nbt.Trace.load(saved["trace"])
     monkeypatch.setenv("NBT_MAX_READ_BYTES", "1GiB")
     assert len(nbt.Trace.load(saved["trace"]).events[0]) == 2 * rows  # raised, it loads
+    # the limit is read once, in core.bounded, as every reader reads it: a malformed value is named
+    monkeypatch.setenv("NBT_MAX_READ_BYTES", "lots")
+    with pytest.raises(nbt.NbtUsageError, match=r"NBT_MAX_READ_BYTES='lots' is not a size"):
+        nbt.Trace.load(saved["trace"])
 
 
 def test_text_that_is_not_utf8_fails_at_load_not_in_use(saved: dict[str, Path]) -> None:
