@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.core import errors as _errors
 from nbtoolkit.core.errors import (
     CaptureError,
     ClusterError,
@@ -95,25 +96,8 @@ _LAZY_EXPORTS: dict[str, str] = {
     "timeline_widget": "nbtoolkit.trace.timeline_widget",
 }
 
-_EAGER_EXPORTS = [
-    "CaptureError",
-    "ClusterError",
-    "CompileLogError",
-    "DataError",
-    "DataUnavailableError",
-    "MetricsError",
-    "NbtError",
-    "NbtUsageError",
-    "PlanError",
-    "RemoteCellError",
-    "SaveError",
-    "SnapshotError",
-    "StepError",
-    "TraceError",
-    "__version__",
-    "load_ipython_extension",
-    "unload_ipython_extension",
-]
+# every exception class (core/errors.py's __all__, imported above), plus the extension's hooks
+_EAGER_EXPORTS = [*_errors.__all__, "__version__", "load_ipython_extension", "unload_ipython_extension"]
 # Computed, so that a new entry of _LAZY_EXPORTS is public at once; a test checks it is sorted.
 __all__ = sorted({*_EAGER_EXPORTS, *_LAZY_EXPORTS})  # noqa: PLE0605
 
