@@ -9,6 +9,9 @@ merged into it by :func:`measure_config`, the one place that also reads the envi
     timed steps of each measurement (``MeasureConfig.steps``), a whole number >= 1.
 ``NBTOOLKIT_MEASURE_WARMUP``
     warm-up steps before the timed ones (``MeasureConfig.warmup``), a whole number >= 0.
+``NBTOOLKIT_MEASURE_TIME_LIMIT``
+    seconds a before/after comparison may spend adding interleaved rounds while its answer is
+    unclear (``MeasureConfig.time_limit_s``), a number > 0.
 
 Arguments given in code always win over the environment. This module imports no torch.
 """
@@ -23,15 +26,29 @@ from typing import Any
 
 from nbtoolkit.core.errors import NbtUsageError
 
-__all__ = ["DEFAULT_STEPS", "DEFAULT_WARMUP", "ENV_STEPS", "ENV_WARMUP", "MeasureConfig", "measure_config"]
+__all__ = [
+    "DEFAULT_STEPS",
+    "DEFAULT_TIME_LIMIT_S",
+    "DEFAULT_WARMUP",
+    "ENV_STEPS",
+    "ENV_TIME_LIMIT",
+    "ENV_WARMUP",
+    "MeasureConfig",
+    "measure_config",
+]
 
 ENV_STEPS = "NBTOOLKIT_MEASURE_STEPS"
 ENV_WARMUP = "NBTOOLKIT_MEASURE_WARMUP"
+ENV_TIME_LIMIT = "NBTOOLKIT_MEASURE_TIME_LIMIT"
 
 #: The defaults every measuring API uses (one timed median of 3 after one warm-up step: the
 #: first call pays for compilation, allocator growth and lazy state such as Adam's moments).
 DEFAULT_STEPS = 3
 DEFAULT_WARMUP = 1
+
+#: Seconds a comparison may add interleaved rounds while unclear: long enough for ~25 rounds of a
+#: 200 ms step, short enough that a no-op change does not hold a notebook for minutes.
+DEFAULT_TIME_LIMIT_S = 10.0
 
 
 def _whole(name: str, value: Any, *, minimum: int) -> int:
@@ -68,6 +85,9 @@ class MeasureConfig:
         categories: in that step, also split the peak by torch's memory categories.
         metrics: also count FLOPs (MFU, HFU) where the API offers it (``nbt.optimize``).
         tokens_per_step: tokens one step processes, for tokens/s (with ``metrics``).
+        time_limit_s: a before/after comparison (``nbt.optimize``) runs ``steps`` interleaved
+            rounds at least, then more while its answer is unclear, until this many seconds of
+            rounds have passed (``nbtoolkit.core.interleaved``).
     """
 
     steps: int = DEFAULT_STEPS
@@ -77,6 +97,7 @@ class MeasureConfig:
     categories: bool = True
     metrics: bool = True
     tokens_per_step: int | None = None
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1 or (
@@ -90,6 +111,10 @@ class MeasureConfig:
                 raise NbtUsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.tokens_per_step is not None:
             _whole("tokens_per_step", self.tokens_per_step, minimum=1)
+        limit = self.time_limit_s
+        number = isinstance(limit, (int, float)) and not isinstance(limit, bool)
+        if not number or not 0 < limit < float("inf"):
+            raise NbtUsageError(f"time_limit_s must be a number of seconds > 0, got {limit!r}")
 
     @classmethod
     def from_env(cls, *, environ: Mapping[str, str] | None = None, **given: Any) -> MeasureConfig:
@@ -103,6 +128,16 @@ class MeasureConfig:
                 value = _env_whole(env, variable, minimum=minimum)
                 if value is not None:
                     fields[name] = value
+        raw_limit = env.get(ENV_TIME_LIMIT, "").strip()
+        if "time_limit_s" not in fields and raw_limit:
+            try:
+                fields["time_limit_s"] = float(raw_limit)
+            except ValueError:
+                fields["time_limit_s"] = -1.0
+            if not 0 < fields["time_limit_s"] < float("inf"):
+                raise NbtUsageError(
+                    f"{ENV_TIME_LIMIT}={raw_limit!r} is not understood: set it to a number of seconds > 0"
+                )
         return cls(**fields)
 
 

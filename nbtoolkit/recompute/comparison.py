@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.core.interleaved import FASTER, SLOWER, InterleavedTiming
 from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes, format_seconds
 
@@ -55,8 +56,10 @@ class Measurement:
         peak_by_category: bytes per torch memory category (``torch.profiler._memory_profiler``:
             PARAMETER, OPTIMIZER_STATE, INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL,
             unknown) alive at the moment of the peak. Empty when it was not measured.
-        compile_time_s: time the first (warm-up) steps took beyond the steady median step time
-            (seconds), when the model was compiled; None otherwise.
+        warmup_times_s: wall seconds of each warm-up step (the first pays for compilation).
+        compile_time_s: time the warm-up steps took beyond as many steady (median) steps (seconds),
+            when the model was compiled; None otherwise. So ``compile_time_s + len(warmup_times_s)
+            * step_time_s`` is the warm-up's wall time.
         graph_count: graphs torch.compile produced during the measurement; None if not compiled.
         graph_breaks: graph breaks torch.compile reported during the measurement; None if not compiled.
         break_reasons: graph-break reason -> count.
@@ -74,6 +77,7 @@ class Measurement:
     resident_bytes: int = 0
     total_peak_bytes: int | None = None
     peak_by_category: dict[str, int] = field(default_factory=dict)
+    warmup_times_s: list[float] = field(default_factory=list)
     compile_time_s: float | None = None
     graph_count: int | None = None
     graph_breaks: int | None = None
@@ -116,6 +120,10 @@ class Measurement:
             nbytes = self.peak_by_category.get(category)
             rows.append((f"  at peak: {category}", nbytes, format_bytes(nbytes)))
         rows.append(("compile time", self.compile_time_s, format_seconds(self.compile_time_s)))
+        if self.warmup_times_s:
+            warm = sum(self.warmup_times_s)
+            label = f"warm-up ({len(self.warmup_times_s)} step(s), compile included)"
+            rows.append((label, warm, format_seconds(warm)))
         rows.append(("graphs", self.graph_count, "-" if self.graph_count is None else str(self.graph_count)))
         rows.append(
             ("graph breaks", self.graph_breaks, "-" if self.graph_breaks is None else str(self.graph_breaks))
@@ -174,9 +182,14 @@ class Comparison(Result):
     ``nothing_applied`` says why nothing was changed (``optimize`` found nothing to apply):
     then the two measurements are of the same step and the summary claims no speed-up.
 
-    Step-time differences inside the measured noise are flagged as noise
-    (:attr:`time_within_noise`): when the middle halves (25th to 75th percentile) of the
-    two measurements' step times overlap, the medians' ratio is not told as a speed-up.
+    ``timing`` is how the step times were compared: ``nbt.optimize`` times the two
+    configurations interleaved (:mod:`nbtoolkit.core.interleaved`) and the speed-up is the
+    median of the paired ratios, called a speed-up or a slow-down only when its confidence
+    interval lies outside the noise. A comparison without it (made from two measurements
+    taken apart) falls back to the older rule: when the middle halves (25th to 75th
+    percentile) of the two measurements' step times overlap, the difference is noise.
+    ``budget_bytes``: the device-total budget the change was planned for, if any; the headline
+    then says whether the measured device total is within it.
     """
 
     before: Measurement
@@ -186,23 +199,52 @@ class Comparison(Result):
     notes: list[str] = field(default_factory=list)
     applied: Any = None
     nothing_applied: str | None = None
+    timing: InterleavedTiming | None = None
+    budget_bytes: int | None = None
 
     @property
     def time_within_noise(self) -> bool:
-        """True when the step times' middle halves overlap: the difference is measurement noise."""
+        """True when the step-time difference is not outside the measured noise."""
+        if self.timing is not None:
+            return self.timing.verdict not in (FASTER, SLOWER)
         b_low, b_high = _quartiles(self.before)
         a_low, a_high = _quartiles(self.after)
         return a_low <= b_high and b_low <= a_high
 
     @property
     def speedup(self) -> float:
-        """before step time / after step time (above 1 means faster)."""
+        """before step time / after step time (above 1 means faster): from the interleaved rounds'
+        median paired ratio when there is ``timing``, else the medians' ratio."""
+        if self.timing is not None and math.isfinite(self.timing.speedup):
+            return self.timing.speedup
         return self.before.step_time_s / self.after.step_time_s if self.after.step_time_s > 0 else math.nan
 
     @property
     def memory_ratio(self) -> float:
-        """after peak / before peak (below 1 means less memory)."""
+        """after peak / before peak of the step's own memory (below 1 means less memory)."""
         return self.after.peak_bytes / self.before.peak_bytes if self.before.peak_bytes > 0 else math.nan
+
+    def peak_reading(self) -> str:
+        """The peak in one phrase: the device total (what a budget speaks of) before -> after, and
+        whether it is within ``budget_bytes``; the step's own peak where no total was measured."""
+        before, after = self.before.total_peak_bytes, self.after.total_peak_bytes
+        if before is not None and after is not None:
+            text = f"device peak {format_bytes(before)} -> {format_bytes(after)}"
+            if before > 0:
+                text += f" ({after / before:.2f}×)"
+            if self.budget_bytes is not None:
+                over = after - self.budget_bytes
+                text += (
+                    f", within the budget {format_bytes(self.budget_bytes)}" if over <= 0
+                    else f", over the budget {format_bytes(self.budget_bytes)} by {format_bytes(over)}"
+                )
+            return text
+        if not (self.before.peak_bytes or self.after.peak_bytes):
+            return ""  # memory was not measured
+        return (
+            f"step peak {format_bytes(self.before.peak_bytes)} -> {format_bytes(self.after.peak_bytes)} "
+            f"({self.memory_ratio:.2f}×)"
+        )
 
     def memory_diff(self) -> Any:
         """What grew or shrank in memory from before to after (``nbt.memory_diff``), or None.
@@ -237,6 +279,8 @@ class Comparison(Result):
             # the losses come from different training steps (the after-steps continue training),
             # so their ratio is not an effect of the change: no ratio shown for them
             change = "" if name == "final loss" else _change(b_raw, a_raw)
+            if name == "step time (median)" and self.timing is not None and math.isfinite(self.timing.ratio):
+                change = f"{self.timing.ratio:.2f}× (paired)"
             if name == "step time (median)" and change and self.time_within_noise:
                 change += " (noise)"
             records.append({"metric": name, "before": b_shown, "after": a_shown, "change": change})
@@ -249,14 +293,14 @@ class Comparison(Result):
                 f"nothing to apply ({self.nothing_applied}); the same step measured twice: "
                 f"step time {times}, the difference is measurement noise"
             )
-        if self.time_within_noise:
+        if self.timing is not None:
+            speed = self.timing.reading().replace(f"{self.timing.labels[1]} is ", "", 1)
+        elif self.time_within_noise:
             speed = f"{self.speedup:.2f}×, within the measured noise: no speed-up shown"
         else:
             speed = f"{self.speedup:.2f}× speed"
-        return (
-            f"step time {times} ({speed}), peak {format_bytes(self.before.peak_bytes)} -> "
-            f"{format_bytes(self.after.peak_bytes)} ({self.memory_ratio:.2f}× memory)"
-        )
+        peak = self.peak_reading()
+        return f"step time {times} ({speed})" + (f", {peak}" if peak else "")
 
     def _text(self) -> str:
         frame = self.table()
@@ -296,6 +340,8 @@ class Comparison(Result):
             "changes": list(self.changes),
             "notes": list(self.notes),
             "nothing_applied": self.nothing_applied,
+            "timing": self.timing.to_dict() if self.timing is not None else None,
+            "budget_bytes": self.budget_bytes,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -324,6 +370,8 @@ class Comparison(Result):
                 changes=list(data.get("changes", [])),
                 notes=list(data.get("notes", [])),
                 nothing_applied=data.get("nothing_applied"),
+                timing=InterleavedTiming.from_dict(data["timing"]) if data.get("timing") else None,
+                budget_bytes=data.get("budget_bytes"),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Applied", "replace_forward"]
+__all__ = ["Applied", "ForwardStates", "replace_forward"]
 
 _MISSING = object()
 
@@ -69,3 +69,23 @@ def replace_forward(
             module.forward = previous
 
     return restore
+
+
+class ForwardStates:
+    """The ``forward`` instance attributes of every module of a model at one moment, to put back.
+
+    ``nbt.optimize`` captures the model before and after applying its changes and switches
+    between the two for every interleaved step: setting attributes back costs microseconds,
+    and the compiled forward object stays the same, so switching never recompiles.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._forwards = [(module, module.__dict__.get("forward", _MISSING)) for module in model.modules()]
+
+    def restore(self) -> None:
+        """Set every module's ``forward`` instance attribute back to what it was when captured."""
+        for module, forward in self._forwards:
+            if forward is _MISSING:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = forward

@@ -114,7 +114,8 @@ def _gpu_in_use() -> Any:
     return None
 
 
-def _dynamo_counts() -> tuple[int, dict[str, int]]:
+def dynamo_counts() -> tuple[int, dict[str, int]]:
+    """(graphs compiled so far, graph-break reason -> count) from torch._dynamo's counters."""
     from torch._dynamo.utils import counters
 
     graphs = int(counters["stats"].get("unique_graphs", 0))
@@ -132,7 +133,7 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _keeping_values(step: Callable[[], Any], values: list[Any]) -> Callable[[], Any]:
+def keeping_values(step: Callable[[], Any], values: list[Any]) -> Callable[[], Any]:
     """The step, also keeping what each call returned (warm-up ones included) in ``values``;
     they become floats after the loop, since ``.item()`` would wait for the device mid-step."""
 
@@ -144,68 +145,54 @@ def _keeping_values(step: Callable[[], Any], values: list[Any]) -> Callable[[], 
     return call
 
 
-def measure_step(
-    step: Callable[[], Any],
+def timed_measurement(
+    label: str,
     *,
-    label: str = "step",
-    steps: int | None = None,
-    warmup: int | None = None,
-    compiled: bool = False,
-    applied: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-    config: MeasureConfig | None = None,
+    times: list[float],
+    cpu_times: list[float],
+    warm_times: list[float],
+    values: list[Any],
+    applied: dict[str, Any] | None,
 ) -> Measurement:
-    """Measure a step as the module docstring describes; returns a :class:`Measurement`.
-
-    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
-    step under torch's FLOP counter when ``flops`` is true (model/hardware FLOPs, MFU, HFU
-    and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
-    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) says how: steps, warm-up, ``memory``,
-    ``categories``, ``metrics`` (the FLOP-counted step) and ``tokens_per_step``; ``steps=`` and
-    ``warmup=`` override its fields.
-    ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
-    ``applied`` is what was applied, recorded in ``measurement.config``.
-    ``progress(done, total, what)`` is called after every step.
-    """
-    check_step(step)
-    settings = measure_config(config, steps=steps, warmup=warmup)
-    total = settings.warmup + settings.steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
-    done = 0
-
-    def tick(what: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, f"{label}: {what}")
-
-    graphs_before, breaks_before = _dynamo_counts() if compiled else (0, {})
-    values: list[Any] = []
-    run = run_steps(_keeping_values(step, values), settings, name=step_name(step), on_step=tick)
-    warm_times, times, cpu_times = run.warmup_times_s, run.times_s, run.cpu_times_s
-    losses = [loss_value(value) for value in values]
-    values.clear()
-    median = statistics.median(times)
-    spread = _quantile(times, 0.75) - _quantile(times, 0.25)
-    measurement = Measurement(
+    """A :class:`Measurement` of the timed steps (median, spread) and the losses of every step run."""
+    return Measurement(
         label=label,
-        step_time_s=median,
-        step_time_spread_s=spread,
-        step_times_s=times,
-        step_cpu_time_s=statistics.median(cpu_times),
-        losses=losses,
+        step_time_s=statistics.median(times),
+        step_time_spread_s=_quantile(times, 0.75) - _quantile(times, 0.25),
+        step_times_s=list(times),
+        step_cpu_time_s=statistics.median(cpu_times) if cpu_times else None,
+        warmup_times_s=list(warm_times),
+        losses=[loss_value(value) for value in values],
         config=dict(applied or {}),
     )
-    if compiled:
-        graphs_after, breaks_after = _dynamo_counts()
-        measurement.graph_count = graphs_after - graphs_before
-        reasons = {
-            reason.strip().splitlines()[0] if reason.strip() else reason: n - breaks_before.get(reason, 0)
-            for reason, n in breaks_after.items()
-            if n - breaks_before.get(reason, 0) > 0
-        }
-        measurement.break_reasons = reasons
-        measurement.graph_breaks = sum(reasons.values())
-        measurement.compile_time_s = max(0.0, sum(warm_times) - median * len(warm_times))
+
+
+def add_compile_counts(
+    measurement: Measurement, before: tuple[int, dict[str, int]], after: tuple[int, dict[str, int]]
+) -> None:
+    """Graphs and graph breaks compiled between two :func:`dynamo_counts` readings, and the compile
+    time: what the warm-up steps took beyond as many steady (median) steps, so that
+    ``compile_time_s + len(warmup_times_s) * step_time_s`` is the warm-up's wall time."""
+    graphs_before, breaks_before = before
+    graphs_after, breaks_after = after
+    measurement.graph_count = graphs_after - graphs_before
+    reasons = {
+        reason.strip().splitlines()[0] if reason.strip() else reason: n - breaks_before.get(reason, 0)
+        for reason, n in breaks_after.items()
+        if n - breaks_before.get(reason, 0) > 0
+    }
+    measurement.break_reasons = reasons
+    measurement.graph_breaks = sum(reasons.values())
+    warm = measurement.warmup_times_s
+    measurement.compile_time_s = max(0.0, sum(warm) - measurement.step_time_s * len(warm))
+
+
+def add_flops_and_memory(
+    measurement: Measurement, step: Callable[[], Any], settings: MeasureConfig, tick: Callable[[str], None]
+) -> None:
+    """With ``settings.metrics``, one FLOP-counted step (MFU, HFU... in ``measurement.extra``); with
+    ``settings.memory``, one step under the memory profiler (peaks, categories). ``tick(what)``
+    after each."""
     if settings.metrics:
         from nbtoolkit.metrics.measure import add_step_metrics
 
@@ -221,5 +208,53 @@ def measure_step(
         measurement.peak_by_category = by_category
         measurement.losses.append(loss_value(series.value))
         tick("memory step")
-    return measurement
 
+
+def measure_step(
+    step: Callable[[], Any],
+    *,
+    label: str = "step",
+    steps: int | None = None,
+    warmup: int | None = None,
+    compiled: bool = False,
+    applied: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    config: MeasureConfig | None = None,
+) -> Measurement:
+    """Measure one configuration of a step as the module docstring describes; a :class:`Measurement`.
+
+    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
+    step under torch's FLOP counter when ``metrics`` is true (model/hardware FLOPs, MFU, HFU
+    and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
+    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) says how: steps, warm-up, ``memory``,
+    ``categories``, ``metrics`` (the FLOP-counted step) and ``tokens_per_step``; ``steps=`` and
+    ``warmup=`` override its fields.
+    ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
+    ``applied`` is what was applied, recorded in ``measurement.config``.
+    ``progress(done, total, what)`` is called after every step.
+    Two configurations to compare are measured by ``nbt.optimize``, interleaved, not by two calls
+    of this function one after the other.
+    """
+    check_step(step)
+    settings = measure_config(config, steps=steps, warmup=warmup)
+    total = settings.warmup + settings.steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, f"{label}: {what}")
+
+    counts_before = dynamo_counts() if compiled else (0, {})
+    values: list[Any] = []
+    run = run_steps(keeping_values(step, values), settings, name=step_name(step), on_step=tick)
+    measurement = timed_measurement(
+        label, times=run.times_s, cpu_times=run.cpu_times_s, warm_times=run.warmup_times_s, values=values,
+        applied=applied,
+    )
+    values.clear()
+    if compiled:
+        add_compile_counts(measurement, counts_before, dynamo_counts())
+    add_flops_and_memory(measurement, step, settings, tick)
+    return measurement

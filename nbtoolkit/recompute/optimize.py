@@ -33,7 +33,8 @@ from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.comparison import Comparison
 from nbtoolkit.recompute.config import OptimizeConfig
 from nbtoolkit.recompute.handle import Applied
-from nbtoolkit.recompute.measure import Progress, check_step, measure_step
+from nbtoolkit.recompute.measure import Progress, check_step
+from nbtoolkit.recompute.paired_measure import PairedMeasure, StageProgress
 from nbtoolkit.recompute.planner import plan_recompute
 
 __all__ = ["config_from_arguments", "optimize"]
@@ -139,7 +140,8 @@ def optimize(
 
 
 def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress | None) -> Comparison:
-    """optimize() once its settings are checked: measure, plan, apply, measure, restore."""
+    """optimize() once its settings are checked: warm up, plan, apply, warm up, time interleaved,
+    measure memory and FLOPs of each side, restore (``nbtoolkit.recompute.paired_measure``)."""
     names = config.blocks
     if names is not None:
         resolve_blocks(module, names)  # fail before measuring anything
@@ -148,39 +150,30 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     compile_opts = config.compile_options
     measure = config.measure
     plan_runs = _PLAN_RUNS if auto else 0
-    runs_each = measure.warmup + measure.steps + (1 if measure.memory else 0) + (1 if measure.metrics else 0)
-    total = runs_each * 2 + plan_runs
-    offset = 0
-
-    def staged() -> Progress | None:
-        if progress is None:
-            return None
-
-        def report(done: int, of: int, label: str) -> None:
-            progress(min(offset + done, total), total, label)
-
-        return report
-
-    initial_state = _copy_state(module)
-    before = measure_step(
-        step, label="before", config=measure, applied={"compile": None, "recompute": [], "amp": None},
-        progress=staged(),
+    extra_runs = (1 if measure.memory else 0) + (1 if measure.metrics else 0)
+    after_warmup = max(measure.warmup, 1 if compile_opts is not None else 0)
+    stages = StageProgress(
+        progress,
+        total=measure.warmup + plan_runs + after_warmup + (1 if measure.warmup else 0)
+        + 2 * (measure.steps + extra_runs),
     )
-    offset += runs_each
+    initial_state = _copy_state(module)
+    pair = PairedMeasure(step, measure, stages, restore_weights=lambda: _restore_state(module, initial_state))
     plan = None
     applied = Applied()
     notes: list[str] = []
     try:
+        pair.warm_before(module)
         if auto:
             assert budget is not None
-            plan_progress: Progress | None = None
-            if progress is not None:
-                report = progress
+            done_at_start = stages.done
 
-                def plan_progress(done: int, of: int, what: str) -> None:
-                    report(offset + round(plan_runs * done / max(of, 1)), total, f"plan: {what}")
+            def plan_progress(done: int, of: int, what: str) -> None:
+                stages.done = done_at_start + round(plan_runs * done / max(of, 1))
+                stages.tick("planning", what, runs=0)
 
             plan = plan_recompute(module, step, budget, config=config.plan, progress=plan_progress)
+            stages.done = done_at_start + plan_runs
             budget = plan.budget_bytes  # a share of the device ("90%") is now bytes of it
             names = list(plan.blocks)
             if not names:
@@ -188,24 +181,26 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
                     f"the baseline peak {format_bytes(plan.baseline_peak_bytes)} already fits the budget "
                     f"{format_bytes(budget)}: nothing to recompute"
                 )
-        offset += plan_runs
         if names:
             applied.extend(checkpoint_blocks(module, names))
         if config.amp is not None:
             applied.extend(autocast_model(module, config.amp))
         if compile_opts is not None:
             applied.extend(compile_model(module, **compile_opts))
-        _restore_state(module, initial_state)  # planning ran steps too: start "after" where "before" did
-        after = measure_step(
-            step, label="after", config=measure, compiled=compile_opts is not None,
-            applied={"compile": compile_opts, "recompute": names or [], "amp": config.amp},
-            progress=staged(),
+        _restore_state(module, initial_state)  # the after side starts from the weights the before side did
+        pair.warm_after(module, compiled=compile_opts is not None)
+        timing = pair.rounds()
+        before = pair.measurement("before", timing, {"compile": None, "recompute": [], "amp": None})
+        after = pair.measurement(
+            "after", timing, {"compile": compile_opts, "recompute": names or [], "amp": config.amp}
         )
     except BaseException:
         applied.undo()
         _restore_state(module, initial_state)
         raise
     _restore_state(module, initial_state)  # measuring must not train the user's model
+    notes.extend(pair.notes())
+    notes.extend(_use_cache_note(module, after, names))
     after_total = after.total_peak_bytes if after.total_peak_bytes is not None else after.peak_bytes
     if budget is not None and auto and after_total > budget:
         notes.append(
@@ -225,7 +220,24 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     return Comparison(
         before=before, after=after, changes=changes, plan=plan, notes=notes, applied=handle,
         nothing_applied=None if changes else _why_nothing_applied(module, config, plan),
+        timing=timing, budget_bytes=int(budget) if isinstance(budget, (int, float)) else None,
     )
+
+
+def _use_cache_note(module: Any, after: Any, names: Any) -> list[str]:
+    """A Hugging Face model whose checkpointed layers write the KV cache breaks torch.compile's graph
+    at each layer ("HOP: Unsafe side effect"); training needs no cache: say how to turn it off."""
+    model_config = getattr(module, "config", None)
+    if not names or not getattr(model_config, "use_cache", False):
+        return []
+    side_effects = sum(n for reason, n in after.break_reasons.items() if "side effect" in reason.lower())
+    if not side_effects:
+        return []
+    return [(
+        f"{side_effects} graph break(s) come from checkpointed layers writing the model's KV cache "
+        "(use_cache=True; 'HOP: Unsafe side effect'): training needs no cache, set "
+        "model.config.use_cache = False (or pass use_cache=False to the forward) and measure again"
+    )]
 
 
 def _why_nothing_applied(module: Any, config: OptimizeConfig, plan: Any) -> str:

@@ -129,7 +129,10 @@ def test_optimize_runs_from_a_config() -> None:
     )
     comparison = optimize(model, step, config=config)
     assert comparison.after.config["recompute"] == ["blocks.1"]
-    assert len(comparison.before.step_times_s) == 1 and comparison.before.peak_by_category == {}
+    # steps=1: at least one interleaved round, more while the answer is unclear; both sides alike
+    rounds = comparison.timing.rounds
+    assert rounds >= 1 and len(comparison.before.step_times_s) == len(comparison.after.step_times_s) == rounds
+    assert comparison.before.peak_by_category == {}
     assert comparison.before.config["recompute"] == []  # the baseline ran without changes
     assert comparison.changes == ["checkpoint 1 block(s): blocks.1"]
 
