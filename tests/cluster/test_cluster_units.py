@@ -191,6 +191,14 @@ def test_reading_names_what_changed_and_what_it_did() -> None:
     assert "cut peak memory by 40% (100.0 MB -> 60.0 MB)" in lines[1]
     assert "9 collective calls per step instead of 3" in lines[1] and "ZeRO-3" in lines[1]
     assert "changed reduce_bucket_size=1k" in lines[2] and "no clear change in step time" in lines[2]
+    # the noise band widens with the sweep's measured drift and with the rows' own spreads
+    assert "raised step time by 100%" in read_sweep(table, noise=0.5).splitlines()[1]
+    assert "no clear change in step time" in read_sweep(table, noise=1.5).splitlines()[1]
+    spread = table.assign(step_time_spread_ms=[20.0, 20.0, 1.0])
+    assert "raised step time" in read_sweep(spread).splitlines()[1]  # 100% > (20 + 20) / 50
+    wide = table.assign(step_time_spread_ms=[40.0, 30.0, 1.0])
+    assert "no clear change in step time (50.0 ms -> 100.0 ms, within the ±140% noise)" in read_sweep(
+        wide).splitlines()[1]
 
 
 _CELLS_THEN_MEMORY = r"""

@@ -12,6 +12,12 @@ What the sweep measures, per configuration, on every rank:
   more steps on each rank, :func:`nbtoolkit.comm_comp_overlap` (nbtoolkit's CPU/gloo
   definition on CPU ranks, HTA's on GPUs), per step (all profiled steps kept), mean over
   ranks; ``collectives_per_step`` counts the collective calls of rank 0 per step.
+- **how far step times can be trusted**: configurations cannot be interleaved step by step (each
+  is a DeepSpeed engine of its own), so the first configuration runs again after the last and
+  the change between its two runs (``ZeroSweep.drift``) is the machine's own drift over the
+  sweep. A configuration's step time is called changed only when the change exceeds the noise
+  band: the larger of 10%, that drift and the two configurations' step-time spreads (IQR over
+  the timed steps, ``step_time_spread_ms``) relative to the baseline.
 - **peak memory per rank**: on GPUs ``torch.cuda.max_memory_allocated`` over the
   profiled steps. On CPUs (no allocator statistics) nbtoolkit's definition: the bytes of
   the tensors this configuration holds when profiling starts (all tensors the garbage
@@ -59,6 +65,13 @@ class ZeroSweep(Result):
     table: pd.DataFrame
     traces: dict[str, Trace] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    drift: float | None = None
+
+    @property
+    def noise(self) -> float:
+        """The relative step-time change below which no change is named: 10%, or the measured
+        drift of the baseline over the sweep when that is larger."""
+        return max(_NOISE, self.drift or 0.0)
 
     def figure(self) -> Any:
         """Bars per configuration: step time and exposed communication (ms), peak memory (MB)."""
@@ -68,7 +81,7 @@ class ZeroSweep(Result):
 
     def reading(self) -> str:
         """What the knobs changed, in plain words, each configuration against the first."""
-        return read_sweep(self.table)
+        return read_sweep(self.table, noise=self.noise)
 
     def _text(self) -> str:
         cols = [
@@ -142,23 +155,29 @@ def zero_sweep(
             raise NbtUsageError(f"unknown ZeRO knob(s) {unknown} in {setting}: use {', '.join(KNOBS)}")
     rows = []
     traces: dict[str, Trace] = {}
-    for setting in chosen:
+
+    def run_on_ranks(setting: dict[str, Any]) -> list[dict[str, Any]]:
         ds_config = zero_config(micro_batch_size=micro_batch_size, **setting)
-        results = cluster.run(
+        return list(cluster.run(
             lambda ds_config=ds_config: sweep_one_on_rank(
                 model_fn, batch_fn, ds_config, measure=measure, lr=lr, loss_fn=loss_fn
             )
-        )
+        ))
+
+    for setting in chosen:
+        results = run_on_ranks(setting)
         name = label(setting)
         trace = _load_traces([r["trace_gz"] for r in results])
         overlap = comm_comp_overlap(trace, include_last_step=True)
         per_call = comm_comp_overlap(trace, by="collective", include_last_step=True)
-        slowest = [max(times) for times in zip(*(r["step_times_s"] for r in results), strict=True)]
+        slowest = _slowest_rank_times(results)
+        times = pd.Series(slowest)
         rows.append(
             {
                 "config": name,
                 **{k: setting.get(k) for k in KNOBS},
                 "step_time_ms": 1e3 * float(pd.Series(slowest).median()),
+                "step_time_spread_ms": 1e3 * float(times.quantile(0.75) - times.quantile(0.25)),
                 "comm_ms": float(overlap["comm_time_us"].mean()) / 1e3 / steps,
                 "exposed_comm_ms": float(overlap["exposed_comm_us"].mean()) / 1e3 / steps,
                 "overlap_pct": float(overlap["overlap_pct"].mean()),
@@ -172,6 +191,12 @@ def zero_sweep(
             traces[name] = trace
     table = pd.DataFrame(rows)
     table["stage"] = table["stage"].fillna(1).astype(int)
+    drift = None
+    if len(chosen) > 1:
+        # the baseline once more: how much the machine itself changed over the sweep
+        again = 1e3 * float(pd.Series(_slowest_rank_times(run_on_ranks(chosen[0]))).median())
+        first = float(table["step_time_ms"].iloc[0])
+        drift = abs(again / first - 1) if first > 0 else None
     notes = [
         f"{steps} timed steps after {warmup} warmup, then {steps} profiled steps, {cluster.world_size} ranks",
         (
@@ -179,7 +204,17 @@ def zero_sweep(
             "between configurations, not with the step time"
         ),
     ]
-    return ZeroSweep(table=table, traces=traces, notes=notes)
+    if drift is not None:
+        notes.append(
+            f"the baseline {table['config'].iloc[0]} ran again after the last configuration and its step "
+            f"time moved by {drift:.0%}: step-time changes within ±{max(_NOISE, drift):.0%} are not named"
+        )
+    return ZeroSweep(table=table, traces=traces, notes=notes, drift=drift)
+
+
+def _slowest_rank_times(results: Sequence[dict[str, Any]]) -> list[float]:
+    """Each timed step's time on the slowest rank."""
+    return [max(times) for times in zip(*(r["step_times_s"] for r in results), strict=True)]
 
 
 def _load_traces(blobs: list[bytes]) -> Trace:
@@ -202,9 +237,9 @@ def _change(new: float, old: float) -> float:
     return (new - old) / old if old and math.isfinite(old) and math.isfinite(new) else math.nan
 
 
-def _verb(ratio: float, what: str, unit_new: str, unit_old: str) -> str:
-    if not math.isfinite(ratio) or abs(ratio) < _NOISE:
-        return f"no clear change in {what} ({unit_old} -> {unit_new})"
+def _verb(ratio: float, what: str, unit_new: str, unit_old: str, noise: float = _NOISE) -> str:
+    if not math.isfinite(ratio) or abs(ratio) < noise:
+        return f"no clear change in {what} ({unit_old} -> {unit_new}, within the ±{noise:.0%} noise)"
     direction = "raised" if ratio > 0 else "cut"
     return f"{direction} {what} by {abs(ratio) * 100:.0f}% ({unit_old} -> {unit_new})"
 
@@ -216,10 +251,12 @@ _STAGE_MEANING = {
 }
 
 
-def read_sweep(table: pd.DataFrame) -> str:
+def read_sweep(table: pd.DataFrame, *, noise: float = _NOISE) -> str:
     """One plain-words line per configuration, against the first one (the baseline).
 
-    A change under 10% is called "no clear change": timings on shared CPUs vary that much.
+    A step-time change under ``noise`` (10% by default: timings on shared CPUs vary that much;
+    a sweep passes its measured drift when larger) or under the two rows' step-time spreads
+    (``step_time_spread_ms``, when the table has it) is called "no clear change".
     """
     if table.empty:
         return "no configurations were run"
@@ -232,9 +269,10 @@ def read_sweep(table: pd.DataFrame) -> str:
     for _, row in table.iloc[1:].iterrows():
         changed = [k for k in KNOBS if _differs(row[k], base[k])]
         what = ", ".join(f"{k}={_show(row[k])}" for k in changed) or "nothing"
+        spread = _spread_share(row, base)
         parts = [
             _verb(_change(row["step_time_ms"], base["step_time_ms"]), "step time",
-                  f"{row['step_time_ms']:.1f} ms", f"{base['step_time_ms']:.1f} ms"),
+                  f"{row['step_time_ms']:.1f} ms", f"{base['step_time_ms']:.1f} ms", max(noise, spread)),
             _verb(_change(row["peak_mb"], base["peak_mb"]), "peak memory",
                   f"{row['peak_mb']:.1f} MB", f"{base['peak_mb']:.1f} MB"),
         ]  # fmt: skip
@@ -261,6 +299,15 @@ def read_sweep(table: pd.DataFrame) -> str:
             line += " Why: " + " ".join(w.rstrip(".") + "." for w in why if w)
         lines.append(line)
     return "\n".join(lines)
+
+
+def _spread_share(row: Any, base: Any) -> float:
+    """The two rows' step-time spreads together, as a share of the baseline's step time (0 when
+    the table has no spreads)."""
+    if "step_time_spread_ms" not in row or not base["step_time_ms"]:
+        return 0.0
+    total = float(row["step_time_spread_ms"]) + float(base["step_time_spread_ms"])
+    return total / float(base["step_time_ms"]) if math.isfinite(total) else 0.0
 
 
 def _differs(a: Any, b: Any) -> bool:
