@@ -24,9 +24,12 @@ compiled region nests inside. For each region R on the profiled thread:
   or ``CompiledFunction`` range (AOTAutograd's forward of a graph that needs gradients:
   ``aot_eager``, inductor) directly in R; for graphs that run as plain aten ops (the
   ``eager`` backend, inference graphs of ``aot_eager``), the end of the k-th direct child
-  op of R, where k is the graph's op count
-  from ``compilation_metrics`` (0 for a frame without a graph: the end of the
-  ``Pregraph bytecode`` range, else R's start);
+  op of R, where k is the number of top-level ops the graph ran, counted in one more
+  profiled call with Python stacks (the ops under FX's generated ``forward``;
+  :func:`graph_op_counts`), else the graph's op count from ``compilation_metrics``, which
+  can differ (a node that runs no op, or several: on a small Llama 152 logged against
+  about 160 run, which put the loss computation after the "end" of the graph); 0 for a
+  frame without a graph: the end of the ``Pregraph bytecode`` range, else R's start;
 - the time after the graph's end that is not the break's (the intervals X, merged):
   R's direct child regions and the ``TorchDynamo Cache Lookup`` range that precedes each
   (the next graph and its guard check, measured as their own regions); compile ranges
@@ -42,9 +45,9 @@ That eager time is added to the break(s) logged for R's compile id (split evenly
 compile logged several) and divided by the number of profiled steps. It is host time:
 the break's own Python and eager ops, the frame transition and the pregraph work of the
 next graph. Known limits: Python code between two ``backward()`` calls that runs no torch
-op is counted as backward; an op count that differs from the ops actually run (a graph
-node that runs no aten op, or several) moves the graph's end by those ops (the inductor
-and AOTAutograd markers are exact). The report's headline sums the costs of all breaks
+op is counted as backward; where the ops counted with Python stacks are not available,
+an op count that differs from the ops actually run moves the graph's end by those ops
+(the inductor and AOTAutograd markers are exact). The report's headline sums the costs of all breaks
 (``report.eager_between_graphs_s``) and shows them as a share of a profiled step
 (``report.profiled_step_time_s``, the mean wall time of a step in the profiled run), so
 that both sides of the ratio carry the profiler's overhead.
@@ -58,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["attribute_break_costs", "region_eager_us"]
+__all__ = ["attribute_break_costs", "graph_op_counts", "region_eager_us"]
 
 REGION = "Torch-Compiled Region: "
 _CACHE_LOOKUP = "TorchDynamo Cache Lookup"
@@ -70,16 +73,28 @@ _ENGINE = "autograd::engine::evaluate_function: "
 _GRAD_SEED = "aten::ones_like"
 _COMPILING = " (dynamo_timed)"
 _ALWAYS_EAGER = ("Optimizer.zero_grad#",)
+_FX_CODE = "<eval_with_key>"  # the file name of FX's generated forward code
 
 
 def attribute_break_costs(
-    breaks: pd.DataFrame, graphs: pd.DataFrame, events: list[Any], steps: int, notes: list[str]
+    breaks: pd.DataFrame,
+    graphs: pd.DataFrame,
+    events: list[Any],
+    steps: int,
+    notes: list[str],
+    *,
+    ops_run: dict[str, int] | None = None,
 ) -> None:
-    """Fill ``breaks.eager_us_per_step`` from the profiled events (the method in the module docstring)."""
+    """Fill ``breaks.eager_us_per_step`` from the profiled events (the method in the module docstring).
+
+    ``ops_run``: compile id -> the top-level ops its graph runs (:func:`graph_op_counts`),
+    which wins over the op count torch logged.
+    """
     op_counts: dict[str, int] = {}
     for row in graphs.itertuples(index=False):
         key = f"{row.frame_id}/{row.frame_compile_id}"
         op_counts[key] = int(row.op_count) if row.op_count is not None and row.op_count == row.op_count else 0
+    op_counts.update(ops_run or {})
     regions = [e for e in events if e.name.startswith(REGION)]
     if not regions:
         notes.append("no compiled region ran in the profiled steps: break costs were not measured")
@@ -101,6 +116,50 @@ def attribute_break_costs(
             share = eager_by_region[cid] / steps / len(rows)
             for i in rows:
                 breaks.iat[i, column] = share
+
+
+def graph_op_counts(events: list[Any]) -> dict[str, int]:
+    """Compile id -> the top-level ops its graph ran, from a profile taken with Python stacks.
+
+    A graph that runs as plain ops (the ``eager`` backend) is the Python function
+    ``forward`` of a file named ``<eval_with_key>.N`` (FX's generated code); the ops it ran
+    that a profile without stacks shows as direct children of the region are the outermost
+    non-Python events under it. Regions whose graph is not such a function are left out.
+    """
+    counts: dict[str, int] = {}
+    for region in events:
+        if not region.name.startswith(REGION):
+            continue
+        cid = region.name[len(REGION) :].strip()
+        forward = _graph_forward(region)
+        if forward is not None and cid not in counts:
+            counts[cid] = _outermost_ops(forward)
+    return counts
+
+
+def _graph_forward(event: Any) -> Any:
+    """The first ``<eval_with_key>...: forward`` Python event under ``event``, outside nested regions."""
+    for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
+        if child.name.startswith(REGION):
+            continue
+        if getattr(child, "is_python_function", False):
+            if child.name.startswith(_FX_CODE) and child.name.endswith(": forward"):
+                return child
+            found = _graph_forward(child)
+            if found is not None:
+                return found
+    return None
+
+
+def _outermost_ops(event: Any) -> int:
+    """How many non-Python events lie under ``event`` with only Python events between."""
+    count = 0
+    for child in event.cpu_children:
+        if getattr(child, "is_python_function", False):
+            count += _outermost_ops(child)
+        else:
+            count += 1
+    return count
 
 
 def _engine_events(events: list[Any]) -> list[Any]:

@@ -25,8 +25,10 @@ What runs, in order (``steps`` = N):
    from the compile events torch logs during that call (``timed_step_compiles``);
    ``step_time_s`` is the median of the timed compiled calls that compiled nothing (of all
    of them, with a note, when every one compiled);
-3. N compiled calls under ``torch.profiler`` (CPU) that measure what each break costs (the
-   method: :mod:`nbtoolkit.compile.break_cost`).
+3. with ``measure_cost``: one compiled call under ``torch.profiler`` with Python stacks
+   (it counts the ops each plain-op graph runs), then N compiled calls under the profiler
+   without stacks that measure what each break costs (the method:
+   :mod:`nbtoolkit.compile.break_cost`).
 
 Every compile that happens in any of them (recompiles included) is recorded. The report
 calls compiled vs eager a speed-up (or a slow-down) only when the middle halves (25th to
@@ -132,11 +134,12 @@ def capture_graphs(
     """Run ``fn(*args, **kwargs)`` and report every graph, graph break, recompile and compile failure.
 
     ``fn`` is anything that calls torch.compile'd modules or functions (a training step,
-    a forward pass, a notebook cell). It is called ``1 + 2*steps`` times, plus
-    ``1 + steps`` eager calls when ``eager_baseline`` (the module docstring says what each
-    run measures, :mod:`nbtoolkit.compile.break_cost` how a break's cost is measured);
-    ``steps=0`` only records the compile of one call. ``label`` names the report (default:
-    ``fn``'s qualified name).
+    a forward pass, a notebook cell). It is called ``1 + steps`` times, plus ``1 + steps``
+    profiled calls when ``measure_cost`` and ``1 + steps`` eager calls when
+    ``eager_baseline`` (the module docstring says what each run measures,
+    :mod:`nbtoolkit.compile.break_cost` how a break's cost is measured); ``steps=0`` only
+    records the compile of one call. ``label`` names the report (default: ``fn``'s
+    qualified name).
     ``config`` (a :class:`~nbtoolkit.MeasureConfig`) gives ``steps`` (default
     ``MeasureConfig().steps``; ``steps=`` wins) and whether to synchronise the device; the first,
     compiling call is the warm-up, so its ``warmup`` is not used.
@@ -159,7 +162,7 @@ def capture_graphs(
     steps = 0 if steps == 0 else measure.steps
     import torch
 
-    from nbtoolkit.compile.break_cost import attribute_break_costs
+    from nbtoolkit.compile.break_cost import attribute_break_costs, graph_op_counts
     from nbtoolkit.compile.log_events import CompileEventParser
     from nbtoolkit.compile.report import GraphReport
     from nbtoolkit.compile.user_source import SourcePolicy
@@ -173,6 +176,7 @@ def capture_graphs(
     profiled_steps = 0
     profiler_busy = False
     profiled_step_s: float | None = None
+    ops_run: dict[str, int] = {}
 
     def call() -> Any:
         return fn(*args, **kwargs)
@@ -187,6 +191,8 @@ def capture_graphs(
                 if measure_cost and torch.autograd.profiler._is_profiler_enabled:
                     profiler_busy = True  # a profiler is already running (nbt.profile?): never nest one
                 elif measure_cost:
+                    # one call with Python stacks first: how many ops each plain-op graph runs
+                    ops_run = graph_op_counts(_profile_calls(call, measure, 1, name, with_stack=True)[0])
                     profiled_events, profiled_step_s = _profile_calls(call, measure, steps, name)
                     profiled_steps = steps
         except KeyboardInterrupt:
@@ -212,7 +218,9 @@ def capture_graphs(
     breaks = frames["breaks"]
     breaks["eager_us_per_step"] = float("nan")
     if profiled_events:
-        attribute_break_costs(breaks, frames["graphs"], profiled_events, profiled_steps, notes)
+        attribute_break_costs(
+            breaks, frames["graphs"], profiled_events, profiled_steps, notes, ops_run=ops_run
+        )
     if profiler_busy:
         notes.append("break costs not measured: another torch profiler was running during the capture")
     if error:
@@ -308,14 +316,14 @@ def _time_calls(call: Callable[[], Any], measure: MeasureConfig, n: int, name: s
 
 
 def _profile_calls(
-    call: Callable[[], Any], measure: MeasureConfig, n: int, name: str
+    call: Callable[[], Any], measure: MeasureConfig, n: int, name: str, *, with_stack: bool = False
 ) -> tuple[list[Any], float]:
     """Run ``n`` calls under the CPU profiler: its events (FunctionEvents with parents), mean s per call."""
     from torch.profiler import ProfilerActivity, profile
 
     from nbtoolkit.core.native_stderr import native_stderr_silenced
 
-    prof = profile(activities=[ProfilerActivity.CPU])
+    prof = profile(activities=[ProfilerActivity.CPU], with_stack=with_stack)
     with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
         prof.start()
     try:

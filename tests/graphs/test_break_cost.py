@@ -19,6 +19,8 @@ import nbtoolkit as nbt
 from nbtoolkit.compile.break_cost import region_eager_us
 from nbtoolkit.compile.report import GraphReport
 
+from ._hf import small_llama
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
@@ -130,3 +132,66 @@ def test_a_backward_on_autograd_s_device_thread_is_left_out_too() -> None:
     worker = [_event(ENGINE + "AddBackward0", 200, 600, thread=7), _event(ENGINE + "X", 610, 900, thread=7)]
     assert region_eager_us(region, op_count=1, other_thread_engine=worker) == pytest.approx(50 + 100)
     assert region_eager_us(region, op_count=1) == pytest.approx(900)  # what it would be billed without
+
+
+def _twenty_matmuls(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(20):
+        x = torch.tanh(x @ x.T)
+    return x
+
+
+twenty_matmuls_disabled = torch.compiler.disable(_twenty_matmuls)
+
+
+def chunked_then_disabled(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2)  # the two getitem nodes of this unpacking run no op
+    y = torch.cat([a * b + 1, a], dim=0)
+    return twenty_matmuls_disabled(y).sum()  # the break: 40 ops run eagerly
+
+
+def test_the_graph_s_end_comes_from_the_ops_it_ran_not_torch_s_op_count() -> None:
+    """torch logs 6 ops for this graph (chunk, 2 getitem, mul, add, cat); it runs 4."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nbtoolkit.compile.break_cost import REGION, graph_op_counts
+
+    x = torch.randn(64, 64)
+    compiled = torch.compile(chunked_then_disabled, backend="eager")
+    # compiled inside the capture: a compile outside it would change torch's logging under pytest
+    report = nbt.capture_graphs(compiled, x, steps=0)
+    logged = int(report.graphs.loc[report.graphs["frame_id"] == 0, "op_count"].iloc[0])
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as with_stacks:
+        compiled(x)
+    ran = graph_op_counts(list(with_stacks.events()))["0/0"]
+    assert (logged, ran) == (6, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as plain:
+        compiled(x)
+    region = next(e for e in plain.events() if e.name == REGION + "0/0")
+    ops = [
+        c.name
+        for c in sorted(region.cpu_children, key=lambda e: e.time_range.start)
+        if c.name.startswith("aten::")
+    ]
+    assert ops[:4] == ["aten::chunk", "aten::mul", "aten::add", "aten::cat"]
+    # with torch's count the graph would "end" two ops into the disabled function's eager work
+    assert region_eager_us(region, ran) > region_eager_us(region, logged)
+
+
+@pytest.mark.slow
+def test_on_a_small_llama_the_item_check_before_backward_costs_a_small_share() -> None:
+    """The case users met: a Llama step with a loss.item() check before backward() (44% of a step before)."""
+    model = small_llama(hidden_size=64)
+    ids = torch.randint(0, 128, (2, 16))
+
+    def step() -> torch.Tensor:
+        loss = model(input_ids=ids, labels=ids).loss
+        if loss.item() > 1e9:
+            print("loss exploded")
+        loss.backward()
+        return loss.detach()
+
+    report = nbt.capture_graphs(torch.compile(step, backend="eager"), steps=3, eager_baseline=False)
+    assert report.profiled_step_time_s and report.eager_between_graphs_s is not None
+    share = report.eager_between_graphs_s / report.profiled_step_time_s
+    assert share < 0.05, repr(report)
+    assert _cost_of(report, "Tensor.item()") < 0.02 * report.profiled_step_time_s * 1e6

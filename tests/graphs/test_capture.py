@@ -308,10 +308,17 @@ def test_keyboard_interrupt_inside_the_function_restores_everything() -> None:
 
 @pytest.mark.parametrize(
     ("interrupt_at", "phase"),
-    [(1, "first call"), (2, "eager warm-up"), (3, "eager timed"), (4, "compiled timed"), (7, "profiled")],
+    [
+        (1, "first call"),
+        (2, "eager warm-up"),
+        (3, "eager timed"),
+        (4, "compiled timed"),
+        (7, "profiled"),
+        (9, "profiled"),
+    ],
 )
 def test_keyboard_interrupt_in_every_phase_restores_everything(interrupt_at: int, phase: str) -> None:
-    """steps=2 calls fn: 1 first call, 2 eager warm-up, 3-6 eager and compiled interleaved, 7-8 profiled."""
+    """steps=2 calls fn: 1 first call, 2 eager warm-up, 3-6 eager and compiled interleaved, 7-9 profiled."""
     before = torch_settings()
     calls: list[int] = []
 

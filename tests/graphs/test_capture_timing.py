@@ -29,7 +29,7 @@ def _is_eager_stance() -> bool:
 
 
 def test_eager_and_compiled_steps_interleave_and_a_recompile_in_a_timed_step_is_left_out() -> None:
-    """steps=3: call 1 compiles, 2 is the eager warm-up, 3-8 alternate eager/compiled, 9-11 are profiled."""
+    """steps=3: call 1 compiles, 2 is the eager warm-up, 3-8 alternate eager/compiled, 9-12 are profiled."""
     compiled = torch.compile(lambda x, n: torch.relu(x) * n, backend="eager", dynamic=False)
     stances: list[bool] = []
     frames_compiled: list[int] = []  # Dynamo's own count of frames it compiled, per call
@@ -43,7 +43,7 @@ def test_eager_and_compiled_steps_interleave_and_a_recompile_in_a_timed_step_is_
         return out
 
     report = nbt.capture_graphs(step, torch.randn(4), steps=3)
-    assert stances == [False, True, True, False, True, False, True, False, False, False, False]
+    assert stances == [False, True, True, False, True, False, True, False, False, False, False, False]
     assert len(report.step_times_s) == len(report.eager_step_times_s) == 3
     timed_compiled_calls = [3, 5, 7]  # 0-based indices of calls 4, 6, 8
     assert report.timed_step_compiles == [frames_compiled[i] for i in timed_compiled_calls] == [1, 0, 0]

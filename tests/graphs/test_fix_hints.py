@@ -23,6 +23,8 @@ import torch
 import nbtoolkit as nbt
 from nbtoolkit.compile.fix_hints import FIX_HINTS
 
+from ._hf import small_llama
+
 log = logging.getLogger("nbt_test_fix_hints")
 
 
@@ -348,26 +350,6 @@ def test_checkpoint_side_effect_goes_when_the_write_moves_out_or_with_the_settin
 
 
 # -------------------------------------------------------------------------------- Hugging Face
-def _small_llama() -> Any:
-    try:
-        from transformers import LlamaConfig, LlamaForCausalLM
-    # not installed, or installed but unusable (e.g. beside a torchvision built for another torch)
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {str(exc)[:160]}"
-        pytest.skip(f"transformers cannot be imported ({reason}): pip install transformers")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).train()
-
-
 def _llama_step(model: Any) -> Callable[[], torch.Tensor]:
     ids = torch.randint(0, 128, (2, 8))
 
@@ -382,7 +364,7 @@ def _llama_step(model: Any) -> Callable[[], torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' renamed gradient_checkpointing_enable
 def test_hf_gradient_checkpointing_warning_break_goes_with_use_cache_false() -> None:
-    model = _small_llama()
+    model = small_llama()
     model.gradient_checkpointing_enable()
     broken = summary_of(_llama_step(model))
     model.config.use_cache = False
@@ -397,7 +379,7 @@ def test_hf_gradient_checkpointing_warning_break_goes_with_use_cache_false() -> 
 def test_hf_checkpointed_decoder_layer_writing_the_cache_goes_with_use_cache_false() -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
-    model = _small_llama()
+    model = small_llama()
     layer_type = type(model.model.layers[0])
     apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, layer_type))
     broken = summary_of(_llama_step(model))
@@ -412,7 +394,7 @@ def test_hf_checkpointed_decoder_layer_writing_the_cache_goes_with_use_cache_fal
 
 @pytest.mark.slow
 def test_hf_llama_backward_break_goes_with_trace_autograd_ops() -> None:
-    model = _small_llama()
+    model = small_llama()
     model.config.use_cache = False
     broken = summary_of(_llama_step(model))
     fixed = summary_of(_llama_step(model), settings={"trace_autograd_ops": True})
