@@ -4,129 +4,49 @@ Pure functions over the ``breaks`` frame of a :class:`~nbtoolkit.compile.report.
 
 De-duplication (:func:`break_summary`): one row per distinct break, where a break is
 identified by its type (torch's ``gb_type``, e.g. ``Unsupported Tensor.item() call with
-capture_scalar_outputs=False``) and its user location (file and line). The same break hit
-again (a recompile of the frame, a loop that calls the compiled function with new shapes,
-each rank of a multi-rank log) adds to ``count``.
+capture_scalar_outputs=False``), its location (file and line: the innermost frame outside
+torch) and, for a break inside a library, the user's line that called into it (see
+:mod:`nbtoolkit.compile.frame_owner`). The same break hit again (a recompile of the frame, a
+loop that calls the compiled function with new shapes, each rank of a multi-rank log) adds
+to ``count``.
 
 Cost ranking: rows are ordered by ``eager_us_per_step`` (descending), the host time per
-step the captured run spent in eager code after the graph that this break ended and
-before the next compiled graph started, summed over the break's occurrences (how it is
-measured is written out in :mod:`nbtoolkit.compile.capture`). Breaks without a measurement
-(read from logs) keep torch's order and are ranked by ``count``.
+step the captured run spent in eager code because of this break, summed over the break's
+occurrences: the eager code between the graph the break ended and the next compiled graph,
+less what runs eagerly with or without the break (the backward pass, compiling, torch's
+optimizer ``zero_grad``); how it is measured is written out in
+:mod:`nbtoolkit.compile.break_cost`. Breaks without a measurement (read from logs) keep
+torch's order and are ranked by ``count``.
 
-Fix hints (:func:`fix_hint`) cover the common break types; every hint names torch 2.13's
-actual API. Unknown types fall back to torch's own first hint.
+Fix hints (:mod:`nbtoolkit.compile.fix_hints`) cover the common break types, each checked to
+remove its break; other types show torch's own first hint, marked as torch's.
 """
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+# the hints live in their own module; kept importable from here, where they were first
+from nbtoolkit.compile.fix_hints import FIX_HINTS, classify_break, fix_hint
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["FIX_HINTS", "break_summary", "classify_break", "fix_hint"]
 
-# (category, pattern searched in "gb_type + explanation", hint). First match wins.
-FIX_HINTS: list[tuple[str, re.Pattern[str], str]] = [
-    (
-        "graph_break_call",
-        re.compile(r"torch\._dynamo\.graph_break\(\)"),
-        ("Remove the explicit torch._dynamo.graph_break() call: it splits the graph on purpose."),
-    ),
-    (
-        "scalar",
-        re.compile(r"Tensor\.item\(\)|capture_scalar_outputs|Data dependent operator|tolist\(\)"),
-        (
-            "Keep the value a tensor, or set torch._dynamo.config.capture_scalar_outputs = True so that "
-            "Dynamo traces .item() into the graph as a symbolic scalar. The break comes from turning a "
-            "tensor into a Python number (.item(), .tolist(), float(t)); .tolist() of float tensors "
-            "still breaks."
-        ),
-    ),
-    (
-        "logging",
-        re.compile(r"logging\.Logger|logging function|\bwarnings?\.warn"),
-        (
-            "Move the logging call out of the compiled step, or add the method to "
-            "torch._dynamo.config.ignore_logging_functions (e.g. .add(logger.info)): Dynamo then drops "
-            "the call inside compiled code."
-        ),
-    ),
-    (
-        "print",
-        re.compile(r"`print`|builtin print|\bprint\b"),
-        (
-            "Move print() out of the compiled step, or run "
-            "torch._dynamo.config.reorderable_logging_functions.add(print) so that Dynamo prints after "
-            "the graph instead of breaking it."
-        ),
-    ),
-    (
-        "control_flow",
-        re.compile(r"Data-dependent branching|generic_jump|dynamic control flow|data-dependent"),
-        (
-            "Replace the Python `if` on a tensor's value: torch.where(cond, a, b) (or apply the transform "
-            "unconditionally), or torch.cond(pred, true_fn, false_fn, operands) for two real branches."
-        ),
-    ),
-    (
-        "numpy",
-        re.compile(r"numpy|torch\._numpy"),
-        (
-            "A NumPy call Dynamo cannot trace: use the equivalent torch operation on tensors (Dynamo traces "
-            "torch ops into the graph), or do the NumPy work outside the compiled step."
-        ),
-    ),
-    (
-        "disabled",
-        re.compile(r"torch\.compiler\.disable|compiler\.disable\(\)|disable\(\)`?d function"),
-        (
-            "The called function is excluded with torch.compiler.disable: remove the decorator if the "
-            "function is traceable, or call it outside the compiled step."
-        ),
-    ),
-    (
-        "unsupported_call",
-        re.compile(r"marked as skipped|builtin|third-party|C/C\+\+|Unsupported function|unsupported"),
-        (
-            "Call it outside the compiled step. Dynamo does not trace this call (a builtin, a C extension "
-            "or a skipped library); if it is PyTorch-traceable mark it with torch.compiler.allow_in_graph, "
-            "otherwise wrap it as a custom op (torch.library.custom_op) that the graph can call."
-        ),
-    ),
-]
-
-
-def classify_break(gb_type: str, explanation: str = "") -> str:
-    """The category of a break (``scalar``, ``print``, ``logging``, ``control_flow`` ...), else ``other``."""
-    text = f"{gb_type}\n{explanation}"
-    for category, pattern, _ in FIX_HINTS:
-        if pattern.search(text):
-            return category
-    return "other"
-
-
-def fix_hint(gb_type: str, explanation: str = "", torch_hints: str = "") -> str:
-    """A short hint of what to change for this break, or torch's own first hint when none fits."""
-    text = f"{gb_type}\n{explanation}"
-    for _, pattern, hint in FIX_HINTS:
-        if pattern.search(text):
-            return hint
-    first = next((h for h in (torch_hints or "").splitlines() if h.strip()), "")
-    return first or "See the break's registry page for what Dynamo supports here."
-
 
 def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct break (type + user file + line), counted and ranked by cost.
+    """One row per distinct break (type + place + the user's call site), counted and ranked by cost.
 
     Columns: ``gb_type``, ``gb_id``, ``user_file``, ``user_line``, ``user_function``,
-    ``source_line``, ``count`` (occurrences), ``compile_ids`` (where it happened, comma
-    separated), ``eager_us_per_step`` (summed over occurrences; NaN when not measured),
-    ``category`` and ``fix`` (see :func:`fix_hint`), ``explanation``, ``hints`` (torch's),
-    ``doc_url``, ``source_context``. Order: ``eager_us_per_step`` descending (unmeasured
-    last), then ``count`` descending, then first occurrence.
+    ``source_line``, ``call_file``, ``call_line``, ``call_source_line`` (the user's line that
+    called into the library where the break is; empty when ``user_file`` is the user's own),
+    ``inside_torch`` (where in torch's code the break was, when it was), ``count``
+    (occurrences), ``compile_ids`` (where it happened, comma separated),
+    ``eager_us_per_step`` (summed over occurrences; NaN when not measured), ``category``
+    and ``fix`` (see :mod:`nbtoolkit.compile.fix_hints`), ``explanation``, ``hints``
+    (torch's), ``doc_url``, ``source_context``. Order: ``eager_us_per_step`` descending
+    (unmeasured last), then ``count`` descending, then first occurrence.
     """
     import pandas as pd
 
@@ -137,6 +57,10 @@ def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
         "user_line",
         "user_function",
         "source_line",
+        "call_file",
+        "call_line",
+        "call_source_line",
+        "inside_torch",
         "count",
         "compile_ids",
         "eager_us_per_step",
@@ -150,16 +74,31 @@ def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
     if breaks is None or breaks.empty:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
     frame = breaks.copy()
-    if "eager_us_per_step" not in frame.columns:
-        frame["eager_us_per_step"] = float("nan")
+    for column in (
+        "eager_us_per_step",
+        "call_file",
+        "call_line",
+        "call_source_line",
+        "inside_torch",
+        "reason",
+    ):
+        if column not in frame.columns:  # a frame made before these columns existed
+            frame[column] = float("nan") if column == "eager_us_per_step" else None
     frame["_order"] = range(len(frame))
-    keys = ["gb_type", "user_file", "user_line"]
+    keys = ["gb_type", "user_file", "user_line", "call_file", "call_line"]
     # groupby drops NA keys unless told otherwise: an unknown location is still a location
     grouped = frame.groupby(keys, dropna=False, sort=False)
     rows = []
-    for (gb_type, user_file, user_line), group in grouped:
+    for (gb_type, user_file, user_line, call_file, call_line), group in grouped:
         first = group.iloc[0]
         measured = group["eager_us_per_step"].dropna()
+        facts = {
+            "reason": _text(first["reason"]),
+            "user_file": _text(user_file),
+            "source_line": _text(first["source_line"]),
+            "inside_torch": _text(first["inside_torch"]),
+        }
+        explanation = _text(first["explanation"])
         rows.append(
             {
                 "gb_type": gb_type,
@@ -168,11 +107,15 @@ def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
                 "user_line": user_line,
                 "user_function": first["user_function"],
                 "source_line": first["source_line"],
+                "call_file": call_file,
+                "call_line": call_line,
+                "call_source_line": first["call_source_line"],
+                "inside_torch": first["inside_torch"],
                 "count": len(group),
                 "compile_ids": ", ".join(dict.fromkeys(str(c) for c in group["compile_id"])),
                 "eager_us_per_step": float(measured.sum()) if len(measured) else float("nan"),
-                "category": classify_break(str(gb_type), str(first["explanation"] or "")),
-                "fix": fix_hint(str(gb_type), str(first["explanation"] or ""), str(first["hints"] or "")),
+                "category": classify_break(str(gb_type), explanation, **facts),
+                "fix": fix_hint(str(gb_type), explanation, _text(first["hints"]), **facts),
                 "explanation": first["explanation"],
                 "hints": first["hints"],
                 "doc_url": first["doc_url"],
@@ -186,4 +129,10 @@ def break_summary(breaks: pd.DataFrame) -> pd.DataFrame:
     out = out.sort_values(["_measured", "_cost", "count", "_order"], ascending=[False, False, False, True])
     out = out.drop(columns=["_order", "_measured", "_cost"]).reset_index(drop=True)
     out["user_line"] = out["user_line"].astype("Int64")
+    out["call_line"] = out["call_line"].astype("Int64")
     return out[columns]
+
+
+def _text(value: Any) -> str:
+    """A frame's text cell as str ('' for None or NaN)."""
+    return value if isinstance(value, str) else ""

@@ -3,8 +3,10 @@
 The payload of a ``dynamo_graph_break_reason`` artifact is the text torch prints for a
 graph break (torch/_dynamo/symbolic_convert.py: ``log_graph_break`` and
 torch/_dynamo/exc.py: ``format_graph_break_message``). :func:`parse_graph_break_text`
-reads its type, explanation, hints, registry id and link, and the user's file, line and
-function; :func:`source_context` reads a few numbered lines of the user's source around
+reads its type, explanation, hints, registry id and link, and where the break is: the break
+site (the innermost frame outside torch, a library's line included) and, when that is a
+library's code, the user's own call site (:mod:`nbtoolkit.compile.frame_owner` says which
+is which); :func:`source_context` reads a few numbered lines of the user's source around
 the break, only where a :class:`~nbtoolkit.compile.user_source.SourcePolicy` allows it (a log can
 name any file: see :mod:`nbtoolkit.compile.user_source`).
 
@@ -21,6 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from nbtoolkit.compile.frame_owner import pick_locations, torch_place
 from nbtoolkit.compile.user_source import SourcePolicy, read_source_lines
 
 __all__ = ["CONTEXT_LINES", "GRAPH_BREAK_SITE", "GraphBreakText", "parse_graph_break_text", "source_context"]
@@ -55,6 +58,13 @@ class GraphBreakText:
     user_line: int | None
     user_function: str | None
     traceback_source: str | None
+    # the user's own frame that led into a library's break site (None when the site is the user's)
+    call_file: str | None = None
+    call_line: int | None = None
+    call_function: str | None = None
+    call_source: str | None = None
+    # where in torch the break was when torch named its own file ("torch/optim/optimizer.py:79")
+    inside_torch: str | None = None
 
 
 def parse_graph_break_text(text: str) -> GraphBreakText:
@@ -116,17 +126,10 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
         if gb_id is not None:
             doc_url = f"{GRAPH_BREAK_SITE}gb{gb_id[2:]}.html"  # torch's own link format
     frames = _traceback_frames(_user_traceback(tb_text.splitlines()))
-    user_function = traceback_source = None
-    if user_file is None or _is_torch_internal(user_file):
-        # no location line, or torch names its own polyfill (a break inside code it inlines for
-        # the user, e.g. a class constructor): the user's line is the deepest frame outside torch
-        outside = [f for f in frames if not _is_torch_internal(f[0])]
-        if outside:
-            user_file, user_line, user_function, traceback_source = outside[-1]
-    else:
-        for file, line, function, source in frames:
-            if file == user_file and line == user_line:
-                user_function, traceback_source = function, source
+    # torch names its own file when the break is inside torch (an optimizer's step, a polyfill it
+    # inlines for the user): the break site is then the innermost frame outside torch
+    site, call = pick_locations(user_file, user_line, frames)
+    inside_torch = torch_place(user_file, user_line) if site.file != user_file else None
     explanation = "\n".join(explanation_lines).strip()
     return GraphBreakText(
         gb_type=gb_type,
@@ -136,10 +139,15 @@ def parse_graph_break_text(text: str) -> GraphBreakText:
         context=" ".join(context_lines),
         doc_url=doc_url,
         gb_id=gb_id,
-        user_file=user_file,
-        user_line=user_line,
-        user_function=user_function,
-        traceback_source=traceback_source,
+        user_file=site.file,
+        user_line=site.line,
+        user_function=site.function,
+        traceback_source=site.source,
+        call_file=call.file,
+        call_line=call.line,
+        call_function=call.function,
+        call_source=call.source,
+        inside_torch=inside_torch,
     )
 
 
@@ -158,8 +166,8 @@ def _sections(lines: list[str]) -> tuple[str, list[str], list[str], list[str]]:
         stripped = line.strip()
         if stripped.startswith("Explanation:"):
             if not gb_type:
-                previous = [x.strip() for x in lines[:i] if x.strip()]
-                gb_type = previous[-1] if previous else ""
+                gb_type, detail = _type_and_detail([x.rstrip() for x in lines[:i] if x.strip()])
+                explanation_lines.extend(detail)
             section = "explanation"
             explanation_lines.append(stripped[len("Explanation:") :].strip())
         elif stripped.startswith("Hint:"):
@@ -179,6 +187,31 @@ def _sections(lines: list[str]) -> tuple[str, list[str], list[str], list[str]]:
     return gb_type, explanation_lines, hints, context_lines
 
 
+def _type_and_detail(previous: list[str]) -> tuple[str, list[str]]:
+    """The graph-break type above ``Explanation:``, and indented detail lines between them.
+
+    Mostly the type is the line just above. Some breaks put a detail line of their own in
+    between, indented (torch 2.13's higher-order-op breaks)::
+
+        HOP: Unsafe side effect
+          Higher Order Operator: torch.utils.checkpoint.checkpoint
+          Explanation: ...
+
+    The type is then the last line that is not indented; the detail goes to the explanation.
+    """
+    if not previous:
+        return "", []
+    detail: list[str] = []
+    for line in reversed(previous):
+        if line[:1].isspace():
+            detail.insert(0, line.strip())
+            continue
+        if line.startswith("Encountered graph break"):  # torch's header, never a type
+            break
+        return line.strip(), detail
+    return previous[-1].strip(), []
+
+
 def _line_number(digits: str) -> int | None:
     """A line number from the log's text; None past 64 bits (damage: int() would need 4,300+ digits)."""
     return int(digits) if len(digits) <= 18 else None
@@ -195,17 +228,6 @@ def _traceback_frames(tb_lines: list[str]) -> list[tuple[str, int | None, str, s
         source = nxt.strip() if nxt.startswith("    ") and not _TB_FRAME.match(nxt) else None
         frames.append((fm.group("file"), _line_number(fm.group("line")), fm.group("func").strip(), source))
     return frames
-
-
-_TORCH_INTERNAL = re.compile(
-    r"(^|[/\\])torch[/\\](_[a-z_]+|fx|nn|utils|testing|compiler)[/\\]"
-    r"|(^|[/\\])torch[/\\](_[a-z_]+|functional)\.py$"
-)
-
-
-def _is_torch_internal(path: str) -> bool:
-    """A file of the torch package itself (dynamo, polyfills, nn ...), not user code."""
-    return bool(_TORCH_INTERNAL.search(path))
 
 
 def _user_traceback(tb_lines: list[str]) -> list[str]:

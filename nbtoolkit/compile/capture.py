@@ -13,38 +13,27 @@ one (``TORCH_TRACE`` set) keeps writing its file.
 
 What runs, in order (``steps`` = N):
 
-1. the first call (compiles; timed as ``first_call_s``, compile included);
-2. N timed calls (``step_time_s`` = median wall time of a compiled step);
-3. N calls under ``torch.profiler`` (CPU) to measure the cost of each break (below);
-4. one warm-up plus N timed calls with ``torch.compiler.set_stance("force_eager")``
-   (``eager_step_time_s``, the same step with every torch.compile directive ignored).
+1. the first call: it compiles; ``first_call_s`` is its wall time, compile included, and
+   ``first_call_compile_s`` the compile time of the compiles it ran, so that the first call
+   reads as compiling plus running (``compile_time_s`` also counts compiles of later calls);
+2. with ``eager_baseline``: one eager warm-up call, then N eager and N compiled calls
+   interleaved (eager, compiled, eager, compiled, ...) so that a busy machine slows both
+   alike; the eager calls run under ``torch.compiler.set_stance("force_eager")``, the same
+   step with every torch.compile directive ignored. Without it, N compiled calls.
+   ``step_times_s`` and ``eager_step_times_s`` keep every timed call. The compiles each
+   timed compiled call ran (a recompile, a frame reached for the first time) are counted
+   from the compile events torch logs during that call (``timed_step_compiles``);
+   ``step_time_s`` is the median of the timed compiled calls that compiled nothing (of all
+   of them, with a note, when every one compiled);
+3. with ``measure_cost``: one compiled call under ``torch.profiler`` with Python stacks
+   (it counts the ops each plain-op graph runs), then N compiled calls under the profiler
+   without stacks that measure what each break costs (the method:
+   :mod:`nbtoolkit.compile.break_cost`).
 
-Every compile that happens in any of them (recompiles included) is recorded.
-
-Cost of a graph break (``breaks.eager_us_per_step``), measured in step 3:
-torch marks every run of a compiled frame with a profiler range
-``Torch-Compiled Region: <frame>/<compile>``; the frame's compiled code calls the graph,
-then runs the code at the break eagerly, then calls the resume function, whose own
-compiled region nests inside. For each region R on the profiled thread:
-
-- the excluded intervals X are R's direct child regions and the ``TorchDynamo Cache
-  Lookup`` range that precedes each (the next graph and its guard check);
-- the graph's end is the end of the last ``## Call CompiledFxGraph ##`` range directly in
-  R (inductor); for backends whose graphs run as plain aten ops (``eager``,
-  ``aot_eager``), the end of the k-th direct child op of R, where k is the graph's op count
-  from ``compilation_metrics`` (0 for a frame without a graph: the end of the
-  ``Pregraph bytecode`` range, else R's start);
-- R's eager time = (R's end - the graph's end) - the part of X after the graph's end.
-
-That eager time is added to the break(s) logged for R's compile id (split evenly when a
-compile logged several) and divided by the number of profiled steps. It is host time:
-the break's own Python and eager ops, the frame transition and the pregraph work of the
-next graph; time in ``backward()`` or outside compiled frames is not attributed. An
-op count that differs from the ops actually run (a graph node that runs no aten op, or
-several) moves the graph's end by those ops; the inductor marker is exact. The report's
-headline sums the costs of all breaks (``report.eager_between_graphs_s``) and shows them as
-a share of a profiled step (``report.profiled_step_time_s``, the mean wall time of a step
-in run 3), so that both sides of the ratio carry the profiler's overhead.
+Every compile that happens in any of them (recompiles included) is recorded. The report
+calls compiled vs eager a speed-up (or a slow-down) only when the middle halves (25th to
+75th percentile) of the two sets of step times do not overlap, the rule
+:class:`nbtoolkit.recompute.comparison.Comparison` uses (:attr:`GraphReport.speedup`).
 
 Errors: an exception raised by the code (a backend failure included) ends the run early;
 it is recorded in ``report.error`` (and torch's compile failure in ``report.failures``)
@@ -57,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 import traceback
 from collections.abc import Callable, Iterator
@@ -74,12 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = ["capture_graphs"]
 
-_REGION = "Torch-Compiled Region: "
-_CACHE_LOOKUP = "TorchDynamo Cache Lookup"
-_PREGRAPH = "Pregraph bytecode"
-_INDUCTOR_CALL = "## Call CompiledFxGraph"
-_NOT_GRAPH_OPS = (_PREGRAPH, "AOTDispatcher Runtime Wrapper Prologue", _CACHE_LOOKUP)
-
 
 class _RecordCollector(logging.Handler):
     """Keeps (metadata, payload) of every structured trace record; parsing happens after the run."""
@@ -87,11 +71,15 @@ class _RecordCollector(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.records: list[tuple[dict[str, Any], str | None]] = []
+        # "frame/compile" of every compile torch started, in order (its `dynamo_start` event)
+        self.compile_starts: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         metadata = getattr(record, "metadata", None)
         if isinstance(metadata, dict):
             self.records.append((metadata, getattr(record, "payload", None)))
+            if "dynamo_start" in metadata:
+                self.compile_starts.append(f"{metadata.get('frame_id')}/{metadata.get('frame_compile_id')}")
 
 
 @contextmanager
@@ -146,10 +134,12 @@ def capture_graphs(
     """Run ``fn(*args, **kwargs)`` and report every graph, graph break, recompile and compile failure.
 
     ``fn`` is anything that calls torch.compile'd modules or functions (a training step,
-    a forward pass, a notebook cell). It is called ``1 + 2*steps`` times, plus
-    ``1 + steps`` eager calls when ``eager_baseline`` (see the module docstring for what
-    each run measures and how a break's cost is measured); ``steps=0`` only records the
-    compile of one call. ``label`` names the report (default: ``fn``'s qualified name).
+    a forward pass, a notebook cell). It is called ``1 + steps`` times, plus ``1 + steps``
+    profiled calls when ``measure_cost`` and ``1 + steps`` eager calls when
+    ``eager_baseline`` (the module docstring says what each run measures,
+    :mod:`nbtoolkit.compile.break_cost` how a break's cost is measured); ``steps=0`` only
+    records the compile of one call. ``label`` names the report (default: ``fn``'s
+    qualified name).
     ``config`` (a :class:`~nbtoolkit.MeasureConfig`) gives ``steps`` (default
     ``MeasureConfig().steps``; ``steps=`` wins) and whether to synchronise the device; the first,
     compiling call is the warm-up, so its ``warmup`` is not used.
@@ -172,6 +162,7 @@ def capture_graphs(
     steps = 0 if steps == 0 else measure.steps
     import torch
 
+    from nbtoolkit.compile.break_cost import attribute_break_costs, graph_op_counts
     from nbtoolkit.compile.log_events import CompileEventParser
     from nbtoolkit.compile.report import GraphReport
     from nbtoolkit.compile.user_source import SourcePolicy
@@ -180,30 +171,30 @@ def capture_graphs(
     name = label or (type(original).__name__ if original is not None else None)
     name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     error: str | None = None
-    first_call_s = step_time_s = eager_step_time_s = None
+    timing = _Timing()
     profiled_events: list[Any] = []
     profiled_steps = 0
     profiler_busy = False
     profiled_step_s: float | None = None
+    ops_run: dict[str, int] = {}
 
     def call() -> Any:
         return fn(*args, **kwargs)
 
     with _structured_trace_handler() as collector:
         try:
-            first_call_s = _time_calls(call, measure, 1, name)[0]  # the compiling call
+            timing.first_call_s, timing.first_call_compiles = _timed_call(call, measure, name, collector)
             if steps:
-                step_time_s = statistics.median(_time_calls(call, measure, steps, name))
+                _interleaved_steps(
+                    call, measure, steps, name=name, collector=collector, timing=timing, eager=eager_baseline
+                )
                 if measure_cost and torch.autograd.profiler._is_profiler_enabled:
                     profiler_busy = True  # a profiler is already running (nbt.profile?): never nest one
                 elif measure_cost:
+                    # one call with Python stacks first: how many ops each plain-op graph runs
+                    ops_run = graph_op_counts(_profile_calls(call, measure, 1, name, with_stack=True)[0])
                     profiled_events, profiled_step_s = _profile_calls(call, measure, steps, name)
                     profiled_steps = steps
-                if eager_baseline:
-                    with torch.compiler.set_stance("force_eager"):
-                        # warm-up: the first eager call allocates and loads kernels
-                        eager = run_steps(call, dataclasses.replace(measure, warmup=1), name=name)
-                        eager_step_time_s = statistics.median(eager.times_s)
         except KeyboardInterrupt:
             raise
         except Exception as exc:
@@ -227,7 +218,9 @@ def capture_graphs(
     breaks = frames["breaks"]
     breaks["eager_us_per_step"] = float("nan")
     if profiled_events:
-        _attribute_cost(breaks, frames["graphs"], profiled_events, profiled_steps, notes)
+        attribute_break_costs(
+            breaks, frames["graphs"], profiled_events, profiled_steps, notes, ops_run=ops_run
+        )
     if profiler_busy:
         notes.append("break costs not measured: another torch profiler was running during the capture")
     if error:
@@ -237,13 +230,84 @@ def capture_graphs(
         compile_ids=[cid for _, cid in parser.compile_ids],
         source=name,
         notes=notes,
-        first_call_s=first_call_s,
-        step_time_s=step_time_s,
-        eager_step_time_s=eager_step_time_s,
-        steps=steps if step_time_s is not None else 0,
+        first_call_s=timing.first_call_s,
+        step_time_s=timing.step_time_s(),
+        eager_step_time_s=statistics.median(timing.eager_s) if timing.eager_s else None,
+        steps=len(timing.compiled_s),
         error=error,
         profiled_step_time_s=profiled_step_s,
+        first_call_compile_s=_compile_seconds(frames["compiles"], timing.first_call_compiles),
+        step_times_s=list(timing.compiled_s),
+        eager_step_times_s=list(timing.eager_s),
+        timed_step_compiles=[len(c) for c in timing.compiled_compiles],
     )
+
+
+@dataclasses.dataclass
+class _Timing:
+    """What the timed calls measured: seconds, and the compiles ("frame/compile") each call ran."""
+
+    first_call_s: float | None = None
+    first_call_compiles: list[str] = dataclasses.field(default_factory=list)
+    compiled_s: list[float] = dataclasses.field(default_factory=list)
+    compiled_compiles: list[list[str]] = dataclasses.field(default_factory=list)
+    eager_s: list[float] = dataclasses.field(default_factory=list)
+
+    def step_time_s(self) -> float | None:
+        """Median of the compiled calls that compiled nothing; of all of them when each compiled."""
+        clean = [t for t, c in zip(self.compiled_s, self.compiled_compiles, strict=True) if not c]
+        chosen = clean or self.compiled_s
+        return statistics.median(chosen) if chosen else None
+
+
+def _timed_call(
+    call: Callable[[], Any], measure: MeasureConfig, name: str, collector: _RecordCollector
+) -> tuple[float, list[str]]:
+    """Seconds of one call (the runner's loop: synchronised, errors named) and the compiles it ran."""
+    before = len(collector.compile_starts)
+    seconds = run_steps(call, dataclasses.replace(measure, steps=1, warmup=0), name=name).times_s[0]
+    return seconds, list(dict.fromkeys(collector.compile_starts[before:]))  # one per compile
+
+
+def _interleaved_steps(
+    call: Callable[[], Any],
+    measure: MeasureConfig,
+    n: int,
+    *,
+    name: str,
+    collector: _RecordCollector,
+    timing: _Timing,
+    eager: bool,
+) -> None:
+    """N compiled calls, each after an eager one when ``eager`` (one eager warm-up first)."""
+    import torch
+
+    def eager_call() -> float:
+        with torch.compiler.set_stance("force_eager"):
+            return _timed_call(call, measure, name, collector)[0]
+
+    if eager:
+        eager_call()  # warm-up: the first eager call allocates and loads kernels
+    for _ in range(n):
+        if eager:
+            timing.eager_s.append(eager_call())
+        seconds, compiles = _timed_call(call, measure, name, collector)
+        timing.compiled_s.append(seconds)
+        timing.compiled_compiles.append(compiles)
+
+
+def _compile_seconds(compiles: pd.DataFrame, ids: list[str]) -> float | None:
+    """Compile time (compilation_metrics) of the compiles named "frame/compile" in ``ids``."""
+    if not ids or compiles.empty:
+        return 0.0 if not ids else None
+    wanted = set(ids)
+    keys = [f"{f}/{c}" for f, c in zip(compiles["frame_id"], compiles["frame_compile_id"], strict=True)]
+    seconds = [
+        t
+        for key, t in zip(keys, compiles["compile_time_s"], strict=True)
+        if key in wanted and not math.isnan(t)
+    ]
+    return float(sum(seconds))
 
 
 def _time_calls(call: Callable[[], Any], measure: MeasureConfig, n: int, name: str) -> list[float]:
@@ -252,14 +316,14 @@ def _time_calls(call: Callable[[], Any], measure: MeasureConfig, n: int, name: s
 
 
 def _profile_calls(
-    call: Callable[[], Any], measure: MeasureConfig, n: int, name: str
+    call: Callable[[], Any], measure: MeasureConfig, n: int, name: str, *, with_stack: bool = False
 ) -> tuple[list[Any], float]:
     """Run ``n`` calls under the CPU profiler: its events (FunctionEvents with parents), mean s per call."""
     from torch.profiler import ProfilerActivity, profile
 
     from nbtoolkit.core.native_stderr import native_stderr_silenced
 
-    prof = profile(activities=[ProfilerActivity.CPU])
+    prof = profile(activities=[ProfilerActivity.CPU], with_stack=with_stack)
     with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
         prof.start()
     try:
@@ -268,66 +332,3 @@ def _profile_calls(
         with native_stderr_silenced():
             prof.stop()
     return list(prof.events()), per_call
-
-
-def _attribute_cost(
-    breaks: pd.DataFrame, graphs: pd.DataFrame, events: list[Any], steps: int, notes: list[str]
-) -> None:
-    """Fill ``breaks.eager_us_per_step`` from the profiled regions (algorithm in the module docstring)."""
-    op_counts: dict[str, int] = {}
-    for row in graphs.itertuples(index=False):
-        key = f"{row.frame_id}/{row.frame_compile_id}"
-        op_counts[key] = int(row.op_count) if row.op_count is not None and row.op_count == row.op_count else 0
-    eager_by_region: dict[str, float] = {}
-    regions = [e for e in events if e.name.startswith(_REGION)]
-    for region in regions:
-        cid = region.name[len(_REGION) :].strip()
-        eager_by_region[cid] = eager_by_region.get(cid, 0.0) + _region_eager_us(region, op_counts.get(cid, 0))
-    if not regions:
-        notes.append("no compiled region ran in the profiled steps: break costs were not measured")
-        return
-    by_compile: dict[str, list[int]] = {}
-    for i, row in enumerate(breaks.itertuples(index=False)):
-        by_compile.setdefault(f"{row.frame_id}/{row.frame_compile_id}", []).append(i)
-    column = breaks.columns.get_loc("eager_us_per_step")
-    for cid, rows in by_compile.items():
-        if cid in eager_by_region:
-            share = eager_by_region[cid] / steps / len(rows)
-            for i in rows:
-                breaks.iat[i, column] = share
-
-
-def _region_eager_us(region: Any, op_count: int) -> float:
-    """Host µs of one compiled-region run spent after its graph, outside nested compiled regions."""
-    start, end = region.time_range.start, region.time_range.end
-    children = sorted(region.cpu_children, key=lambda e: e.time_range.start)
-    excluded: list[tuple[float, float]] = []
-    for i, child in enumerate(children):
-        if child.name.startswith(_REGION):
-            lo = child.time_range.start
-            if i > 0 and children[i - 1].name == _CACHE_LOOKUP:
-                lo = children[i - 1].time_range.start
-            excluded.append((lo, child.time_range.end))
-    graph_end = start
-    pregraph = [c for c in children if c.name == _PREGRAPH]
-    if pregraph:
-        graph_end = pregraph[0].time_range.end
-    inductor_calls = [c for c in children if c.name.startswith(_INDUCTOR_CALL)]
-    if inductor_calls:
-        graph_end = max(c.time_range.end for c in inductor_calls)
-    elif op_count > 0:
-        ops = [
-            c
-            for c in children
-            if not c.name.startswith(_REGION)
-            and c.name not in _NOT_GRAPH_OPS
-            and c.time_range.start >= graph_end
-        ]
-        if ops:
-            graph_end = ops[min(op_count, len(ops)) - 1].time_range.end
-    eager = end - graph_end
-    for lo, hi in excluded:
-        overlap = min(hi, end) - max(lo, graph_end)
-        if overlap > 0:
-            eager -= overlap
-    return max(eager, 0.0)

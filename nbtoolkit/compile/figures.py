@@ -23,7 +23,6 @@ __all__ = [
 ]
 
 
-
 class GraphReport(Protocol):
     """What these views read of a :class:`nbtoolkit.compile.report.GraphReport`.
 
@@ -90,7 +89,7 @@ def _graphs_around(report: GraphReport, compile_id: str) -> list[int]:
 def break_detail_html(report: GraphReport, summary_row: pd.Series) -> str:
     """Everything about one distinct break: where, source context, reason, hints, fix, graphs around it."""
     cost = summary_row.get("eager_us_per_step")
-    cost_text = "" if _missing(cost) else f" · {cost:,.0f} µs/step in eager code after the graph"
+    cost_text = "" if _missing(cost) else f" · {cost:,.0f} µs/step in eager code because of this break"
     link = summary_row.get("doc_url")
     link_html = (
         f" · <a href='{escape(link)}' target='_blank'>{escape(summary_row.get('gb_id') or 'registry')}</a>"
@@ -105,6 +104,16 @@ def break_detail_html(report: GraphReport, summary_row: pd.Series) -> str:
             f"{escape(cost_text)}{link_html}</p>"
         ),
     ]
+    call_file = summary_row.get("call_file")
+    if isinstance(call_file, str) and call_file:  # a break inside a library: the user's line that led there
+        code = summary_row.get("call_source_line")
+        called = f"{call_file}:{summary_row.get('call_line')}" + (
+            f": {code}" if isinstance(code, str) else ""
+        )
+        parts.append(f"<p>called from {escape(called)}</p>")
+    inside = summary_row.get("inside_torch")
+    if isinstance(inside, str) and inside:
+        parts.append(f"<p>inside torch at {escape(inside)}</p>")
     context = summary_row.get("source_context")
     if isinstance(context, str) and context:
         parts.append(f"<pre style='background:#f6f6f6'>{escape(context)}</pre>")

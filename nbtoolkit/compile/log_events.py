@@ -284,6 +284,11 @@ class CompileEventParser:
                     "source_line": source_line if source_line is not None else p.traceback_source,
                     "source_context": context,
                     "doc_url": p.doc_url,
+                    "call_file": p.call_file,
+                    "call_line": as_int(p.call_line),
+                    "call_function": p.call_function,
+                    "call_source_line": _call_source(p, self.source_policy),
+                    "inside_torch": p.inside_torch,
                 }
             )
         recompiles = []
@@ -333,6 +338,13 @@ class CompileEventParser:
             "failures": _frame(pd, self._failures, FRAME_COLUMNS["failures"]),
             "compiles": _frame(pd, compiles, FRAME_COLUMNS["compiles"]),
         }
+
+
+def _call_source(p: GraphBreakText, policy: SourcePolicy | None) -> str | None:
+    """The source line of the user's call site: read where the policy allows, else the traceback's."""
+    line = as_int(p.call_line)
+    read, _ = source_context(p.call_file, line, policy=policy, around=0)
+    return read if read is not None else p.call_source
 
 
 def _frame(pd: Any, rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:

@@ -9,9 +9,12 @@ Frames (pandas, one row per event, in the order torch logged them):
 ``graphs``      one row per FX graph dynamo produced: compile id, function, file, op count,
                 compile time (s), the graph's readable code (``fx_code``).
 ``breaks``      one row per graph break: type and ``gbNNNN`` id of torch's registry, reason,
-                explanation, hints, user file/line/function, the source line and a few
-                lines around it, link to the registry page; after a live capture also
-                ``eager_us_per_step`` (see :mod:`nbtoolkit.compile.capture`).
+                explanation, hints, where it is (``user_file``/``user_line``/``user_function``:
+                the innermost frame outside torch), the source line and a few lines around
+                it, the user's own call site when that place is a library's code
+                (``call_file``/``call_line``/``call_source_line``), where inside torch it was
+                (``inside_torch``), link to the registry page; after a live capture also
+                ``eager_us_per_step`` (see :mod:`nbtoolkit.compile.break_cost`).
 ``recompiles``  one row per recompile: the compile id, the previous compile whose guard
                 failed, and the failed guard.
 ``failures``    tlparse's "Failures and Restarts": one row per restart reason and per compile
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,13 +48,53 @@ _FORMAT = "nbtoolkit.GraphReport/1"
 
 
 def _first_sentence(text: Any, limit: int = 170) -> str:
-    """The first sentence of a hint, for one-line text displays."""
-    first = str(text or "").split(". ")[0].rstrip(".")
+    """The first sentence of a hint, for one-line text displays ("e.g." and "i.e." end none)."""
+    first = re.split(r"(?<!\be\.g)(?<!\bi\.e)\. ", str(text or ""), maxsplit=1)[0].rstrip(".")
     return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def _middle_half(times: list[float]) -> tuple[float, float] | None:
+    """The 25th and 75th percentiles of step times (None for fewer than two)."""
+    import numpy as np
+
+    finite = [t for t in times if _is_number(t) and math.isfinite(t)]
+    if len(finite) < 2:
+        return None
+    low, high = np.percentile(finite, [25, 75])
+    return float(low), float(high)
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))
+
+
+def _with_added_columns(frame: pd.DataFrame, added: dict[str, str], *, where: str) -> pd.DataFrame:
+    """``frame`` with the columns added after format 1: checked where saved, nulls where not."""
+    from nbtoolkit.core.errors import NbtUsageError
+
+    frame = frame.copy()
+    for column, dtype in added.items():
+        if column not in frame.columns:
+            frame[column] = None if dtype == "object" else float("nan")
+            frame[column] = frame[column].astype(dtype)
+            continue
+        values = frame[column]
+        if dtype == "object":
+            ok = all(
+                v is None or isinstance(v, str) or (isinstance(v, float) and math.isnan(v)) for v in values
+            )
+        else:
+            try:
+                frame[column] = values.astype(dtype)
+                ok = True
+            except (TypeError, ValueError):
+                ok = False
+        if not ok:
+            raise NbtUsageError(
+                f"{where}: the saved GraphReport is damaged: the column {column!r} has values of the "
+                "wrong type; save it again"
+            )
+    return frame
 
 
 @dataclass(repr=False)  # Result's __repr__ (the text summary) must win over the dataclass one
@@ -68,11 +112,15 @@ class GraphReport(Result):
     ranks: list[int] = field(default_factory=list)
     # Measured by a live capture (None when read from logs):
     first_call_s: float | None = None  # the first call, compile included (wall clock)
-    step_time_s: float | None = None  # median wall time of a compiled step after warm-up
+    step_time_s: float | None = None  # median wall time of the timed compiled steps that compiled nothing
     eager_step_time_s: float | None = None  # median wall time of the same step run eagerly
     steps: int = 0
     error: str | None = None  # the exception the captured code raised, if any
     profiled_step_time_s: float | None = None  # mean wall time of a step under the profiler (costs' base)
+    first_call_compile_s: float | None = None  # compile time of the compiles the first call ran
+    step_times_s: list[float] = field(default_factory=list)  # every timed compiled step, in order
+    eager_step_times_s: list[float] = field(default_factory=list)  # every timed eager step (interleaved)
+    timed_step_compiles: list[int] = field(default_factory=list)  # compiles run by each timed compiled step
 
     # ------------------------------------------------------------------ summaries
     @property
@@ -81,6 +129,34 @@ class GraphReport(Result):
         if self.compiles.empty:
             return float(self.graphs["compile_time_s"].fillna(0).sum()) if not self.graphs.empty else 0.0
         return float(self.compiles["compile_time_s"].fillna(0).sum())
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager step time / compiled step time, when the two differ beyond the measured spread.
+
+        None when either was not measured, or when the middle halves (25th to 75th percentile)
+        of the interleaved compiled and eager step times overlap: the difference is then within
+        the noise (the rule of :class:`nbtoolkit.recompute.comparison.Comparison`).
+        """
+        if not self.step_time_s or not self.eager_step_time_s or self.speedup_within_noise is not False:
+            return None
+        return self.eager_step_time_s / self.step_time_s
+
+    @property
+    def speedup_within_noise(self) -> bool | None:
+        """True when compiled and eager step times' middle halves overlap; None without the step times."""
+        compiled = _middle_half(self._clean_step_times())
+        eager = _middle_half(self.eager_step_times_s)
+        if compiled is None or eager is None:
+            return None
+        return compiled[0] <= eager[1] and eager[0] <= compiled[1]
+
+    def _clean_step_times(self) -> list[float]:
+        """The timed compiled steps that compiled nothing (all of them when each compiled)."""
+        if len(self.timed_step_compiles) != len(self.step_times_s):
+            return list(self.step_times_s)
+        clean = [t for t, n in zip(self.step_times_s, self.timed_step_compiles, strict=True) if n == 0]
+        return clean or list(self.step_times_s)
 
     @property
     def restarts(self) -> int:
@@ -194,6 +270,10 @@ class GraphReport(Result):
             "steps": self.steps,
             "error": self.error,
             "profiled_step_time_s": self.profiled_step_time_s,
+            "first_call_compile_s": self.first_call_compile_s,
+            "step_times_s": self.step_times_s,
+            "eager_step_times_s": self.eager_step_times_s,
+            "timed_step_compiles": self.timed_step_compiles,
         }
         with path_errors(folder, "save the GraphReport into", error=SaveError):
             for name in _FRAMES:
@@ -205,7 +285,7 @@ class GraphReport(Result):
     @classmethod
     def load(cls, path: str | Path) -> GraphReport:
         """Read a report written by :meth:`save`; a damaged or edited one is an NbtUsageError naming it."""
-        from nbtoolkit.compile.schema import FRAME_COLUMNS, REPORT_FIELDS
+        from nbtoolkit.compile.schema import ADDED_COLUMNS, FRAME_COLUMNS, REPORT_FIELDS
         from nbtoolkit.core.errors import NbtUsageError
         from nbtoolkit.core.paths import shown_path
         from nbtoolkit.core.saved import check_fields, check_version, read_frame, read_json, saved_folder
@@ -224,7 +304,11 @@ class GraphReport(Result):
         frames = {}
         for name in _FRAMES:
             columns = FRAME_COLUMNS[name]
-            frame = read_frame(folder / f"{name}.parquet", columns, what="GraphReport", error=NbtUsageError)
+            added = ADDED_COLUMNS.get(name, ())
+            required = {c: t for c, t in columns.items() if c not in added}
+            file = folder / f"{name}.parquet"
+            frame = read_frame(file, required, what="GraphReport", error=NbtUsageError)
+            frame = _with_added_columns(frame, {c: columns[c] for c in added}, where=shown_path(file))
             frames[name] = frame.astype({c: "object" for c, t in columns.items() if t == "object"})
         return cls(**frames, **fields)
 
@@ -236,29 +320,74 @@ class GraphReport(Result):
             ("recompiles", f"{len(self.recompiles)}"),
             ("restarts", f"{self.restarts}"),
             ("compile failures", f"{len(self.compile_failures)}"),
-            ("compile time", format_seconds(self.compile_time_s)),
+            ("compile time", self._compile_time_text()),
         ]
         if not self.frames_given_up.empty:
             rows.insert(5, ("frames run eagerly after a break", f"{len(self.frames_given_up)}"))
         if self.ranks:
             rows.insert(0, ("ranks", ", ".join(str(r) for r in self.ranks)))
-        if self.first_call_s is not None:
-            rows.append(("first call (compile included)", format_seconds(self.first_call_s)))
-        if self.step_time_s is not None:
-            rows.append((f"step time compiled (median of {self.steps})", format_seconds(self.step_time_s)))
-        if self.eager_step_time_s is not None:
-            rows.append((f"step time eager (median of {self.steps})", format_seconds(self.eager_step_time_s)))
+        rows.extend(self._timing_rows())
         between = self.eager_between_graphs_s
         if between is not None:
             # both measured under the profiler, so the share compares like with like
             base = self.profiled_step_time_s
             share = f" ({between / base:.0%} of a profiled step)" if base else ""
-            rows.append(("eager code after graph breaks, per step", format_seconds(between) + share))
+            rows.append(("eager code caused by graph breaks, per step", format_seconds(between) + share))
+        return rows
+
+    def _compile_time_text(self) -> str:
+        """All compiles' time, split into the first call's and the later calls' where measured."""
+        total = self.compile_time_s
+        text = format_seconds(total)
+        first = self.first_call_compile_s
+        if first is not None and self.first_call_s is not None:
+            later = max(total - first, 0.0)
+            text += f" ({format_seconds(first)} in the first call"
+            text += f", {format_seconds(later)} in later calls)" if later > 0 else ")"
+        return text
+
+    def _timing_rows(self) -> list[tuple[str, str]]:
+        """First call, step times and compiled vs eager, worded so that the numbers add up."""
+        rows = []
+        if self.first_call_s is not None:
+            value = format_seconds(self.first_call_s)
+            compiling = self.first_call_compile_s
+            if compiling is not None and compiling <= self.first_call_s:
+                value += (
+                    f" = {format_seconds(compiling)} compiling + "
+                    f"{format_seconds(self.first_call_s - compiling)} running"
+                )
+            rows.append(("first call (compile included)", value))
+        n = len(self.step_times_s) or self.steps
+        if self.step_time_s is not None:
+            compiled = sum(1 for c in self.timed_step_compiles if c)
+            if compiled == 0:
+                how = f"median of {n}"
+            elif compiled < n:
+                verb = "it is" if compiled == 1 else "they are"
+                how = f"median of {n - compiled} of {n}; {compiled} compiled, so {verb} left out"
+            else:
+                how = f"median of {n}; every timed step compiled (recompiles): compile time included"
+            rows.append((f"step time compiled ({how})", format_seconds(self.step_time_s)))
+        if self.eager_step_time_s is not None:
+            m = len(self.eager_step_times_s) or self.steps
+            label = f"step time eager (median of {m}" + (", interleaved)" if self.step_times_s else ")")
+            rows.append((label, format_seconds(self.eager_step_time_s)))
+            within = self.speedup_within_noise
+            speedup = self.speedup
+            if speedup is not None:
+                word = "faster" if speedup >= 1 else "slower"
+                ratio = speedup if speedup >= 1 else 1 / speedup
+                rows.append(("compiled vs eager", f"{ratio:.2f}× {word} (beyond the measured spread)"))
+            elif within:
+                rows.append(
+                    ("compiled vs eager", "no difference beyond the measured spread (quartiles overlap)")
+                )
         return rows
 
     @property
     def eager_between_graphs_s(self) -> float | None:
-        """Measured host time per step in eager code after the breaks (s); None when not measured."""
+        """Measured host time per step in eager code caused by the breaks (s); None when not measured."""
         if "eager_us_per_step" not in self.breaks.columns:
             return None
         measured = self.breaks["eager_us_per_step"].dropna()
@@ -280,6 +409,10 @@ class GraphReport(Result):
                 lines.append(f"    {row.count}× {row.gb_type} at {where}{cost_text}")
                 if isinstance(row.source_line, str) and row.source_line:
                     lines.append(f"        {row.source_line}")
+                if isinstance(row.call_file, str) and row.call_file:
+                    call = f"{row.call_file}:{row.call_line}"
+                    code = f": {row.call_source_line}" if isinstance(row.call_source_line, str) else ""
+                    lines.append(f"        called from {call}{code}")
                 lines.append(f"        fix: {_first_sentence(row.fix)}")
         if not self.frames_given_up.empty:
             lines.append("  frames run eagerly after a break (Dynamo gave up; calls inside may compile):")
@@ -320,6 +453,9 @@ class GraphReport(Result):
                     "user_file",
                     "user_line",
                     "source_line",
+                    "call_file",
+                    "call_line",
+                    "inside_torch",
                     "eager_us_per_step",
                     "fix",
                 )
@@ -363,9 +499,7 @@ class GraphComparison(Result):
         import pandas as pd
 
         def speedup(r: GraphReport) -> float | None:
-            if r.step_time_s and r.eager_step_time_s:
-                return r.eager_step_time_s / r.step_time_s
-            return None
+            return r.speedup  # None where compiled and eager differ by less than the measured spread
 
         metrics: list[tuple[str, Any, Any]] = [
             ("graphs", len(self.before.graphs), len(self.after.graphs)),

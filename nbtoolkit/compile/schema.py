@@ -14,6 +14,7 @@ from typing import Any
 from nbtoolkit.core.saved import INT, NUMBER, TEXT, Check, list_of, optional
 
 __all__ = [
+    "ADDED_COLUMNS",
     "BREAK_COLUMNS",
     "COMPILE_COLUMNS",
     "FAILURE_COLUMNS",
@@ -62,6 +63,13 @@ BREAK_COLUMNS = {
     "source_line": "object",
     "source_context": "object",
     "doc_url": "object",
+    # the user's own line that called into a library whose code breaks (None when user_* is the
+    # user's own line); see nbtoolkit.compile.frame_owner
+    "call_file": "object",
+    "call_line": "Int64",
+    "call_function": "object",
+    "call_source_line": "object",
+    "inside_torch": "object",  # "torch/optim/optimizer.py:79" when the break was inside torch's code
 }
 RECOMPILE_COLUMNS = {
     **_COMPILE_KEY,
@@ -87,6 +95,11 @@ COMPILE_COLUMNS = {
     "restarts": "int64",
 }
 
+# columns added after a frame's first format: a saved report without them loads them as nulls
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "breaks": ("call_file", "call_line", "call_function", "call_source_line", "inside_torch"),
+}
+
 # frame name -> column -> pandas dtype, in the column order of the frame
 FRAME_COLUMNS: dict[str, dict[str, str]] = {
     "graphs": GRAPH_COLUMNS,
@@ -108,4 +121,8 @@ REPORT_FIELDS: dict[str, tuple[Check, Any]] = {
     "steps": (INT, 0),
     "error": (optional(TEXT), None),
     "profiled_step_time_s": (optional(NUMBER), None),
+    "first_call_compile_s": (optional(NUMBER), None),
+    "step_times_s": (list_of(NUMBER), []),
+    "eager_step_times_s": (list_of(NUMBER), []),
+    "timed_step_compiles": (list_of(INT), []),
 }

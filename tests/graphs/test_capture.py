@@ -141,7 +141,7 @@ def test_summary_classifies_each_kind_and_gives_the_right_fix(captured: tuple[Gr
     assert "graph_break()" in fixes["graph_break_call"]
     assert "ignore_logging_functions" in fixes["logging"]
     assert "torch op" in fixes["numpy"]
-    assert "allow_in_graph" in fixes["unsupported_call"]
+    assert "outside the compiled step" in fixes["unsupported_call"]
 
 
 def test_graphs_have_compile_ids_functions_op_counts_and_code(captured: tuple[GraphReport, Any]) -> None:
@@ -307,10 +307,18 @@ def test_keyboard_interrupt_inside_the_function_restores_everything() -> None:
 
 
 @pytest.mark.parametrize(
-    ("interrupt_at", "phase"), [(1, "first call"), (2, "timed"), (4, "profiled"), (7, "eager baseline")]
+    ("interrupt_at", "phase"),
+    [
+        (1, "first call"),
+        (2, "eager warm-up"),
+        (3, "eager timed"),
+        (4, "compiled timed"),
+        (7, "profiled"),
+        (9, "profiled"),
+    ],
 )
 def test_keyboard_interrupt_in_every_phase_restores_everything(interrupt_at: int, phase: str) -> None:
-    """steps=2 calls fn: 1 first call, 2-3 timed, 4-5 profiled, 6 eager warm-up, 7-8 eager timed."""
+    """steps=2 calls fn: 1 first call, 2 eager warm-up, 3-6 eager and compiled interleaved, 7-9 profiled."""
     before = torch_settings()
     calls: list[int] = []
 
