@@ -272,13 +272,22 @@ def compare_step_times(before: Trace, after: Trace) -> StepTimeComparison:
         result.why = (
             f"{named} recorded while the machine was busy ("
             + "; ".join(f"{s.disturbed} of {s.steps} {s.label} steps disturbed by other work" for s in busy)
-            + f"; a verdict needs {MIN_STEPS} undisturbed steps per trace): record it again when the "
-            "machine is quiet, or time the change with nbt.optimize, which interleaves before and after"
+            + f"; a verdict needs {MIN_STEPS} undisturbed steps per trace): record "
+            + ("them" if len(busy) == 2 else "it")
+            + " again when the machine is quiet, or time the change with nbt.optimize, which interleaves "
+            "before and after"
         )
         return result
-    _interval(result)
-    result.verdict = verdict(result.low, result.high, min(len(s.used_ms) for s in sides))
-    if result.verdict == UNCLEAR:
+    used = min(len(s.used_ms) for s in sides)
+    unwidened = _interval(result)
+    result.verdict = verdict(result.low, result.high, used)
+    if result.verdict == UNCLEAR and verdict(*unwidened, used) != UNCLEAR:
+        result.why = (
+            "the two recordings met different load from other work (below), which could make the "
+            "difference: record them again when the machine is quiet, or time the change with "
+            "nbt.optimize, which interleaves before and after"
+        )
+    elif result.verdict == UNCLEAR:
         result.why = (
             "the step times vary more than the difference: profile more steps, or time the change "
             "with nbt.optimize, which interleaves before and after"
@@ -342,14 +351,16 @@ def _quiet(a: _SideLoad, b: _SideLoad) -> tuple[list[bool], list[bool]]:
     return quiet(a), quiet(b)
 
 
-def _interval(result: StepTimeComparison) -> None:
-    """``low``/``high`` of the ratio of medians (module docstring, points 2 and 3)."""
+def _interval(result: StepTimeComparison) -> tuple[float, float]:
+    """Set ``low``/``high`` of the ratio of medians (module docstring, points 2 and 3); return the
+    interval before it was widened for the load the kept steps still met."""
     side_confidence = math.sqrt(CONFIDENCE)
     a_low, a_high = median_interval(result.before.used_ms, side_confidence)
     b_low, b_high = median_interval(result.after.used_ms, side_confidence)
     if not (a_low > 0 and a_high > 0):
-        return
+        return math.nan, math.nan
     low, high = b_low / a_high, b_high / a_low
+    unwidened = low, high
     a_share, b_share = result.before.wait_share, result.after.wait_share
     if a_share is not None and b_share is not None and a_share < 1 and b_share < 1:
         effect = (1 - a_share) / (1 - b_share)
@@ -357,6 +368,7 @@ def _interval(result: StepTimeComparison) -> None:
         if abs(effect - 1) > _LOAD_EFFECT_SHOWN:
             low, high = min(low, low / effect), max(high, high / effect)
     result.low, result.high = low, high
+    return unwidened
 
 
 def _ratio(before_ms: float, after_ms: float) -> float:

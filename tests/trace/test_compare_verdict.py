@@ -155,6 +155,7 @@ def test_a_wait_the_kept_steps_still_met_widens_the_interval(tmp_path):
     assert result.high >= 1.0 > 0.9 > result.low  # covers the ratio with the wait taken out
     assert result.verdict == UNCLEAR
     assert "no measurable change: 0.90× the time" in result.reading()
+    assert "the two recordings met different load from other work" in result.reading()
     notes = " ".join(result.notes())
     assert "still waited for a processor 10% of their time before and 0% after" in notes
     assert "which alone makes 0.90× the time" in notes
@@ -184,6 +185,7 @@ def test_a_trace_recorded_while_the_machine_was_busy_is_not_comparable(tmp_path)
     both = nbt.compare(before, before).step_time
     assert both.verdict == NOT_COMPARABLE
     assert "both traces were recorded while the machine was busy" in both.why
+    assert "record them again" in both.why
 
 
 def test_too_few_steps_give_no_verdict_and_say_how_many_to_record(tmp_path):
