@@ -3,7 +3,10 @@
 Numbers compared (``before`` and ``after`` columns, ``delta`` = after - before, ``change_pct``):
 
 - step time: median ProfilerStep duration over all ranks (ms); traces without steps use
-  the span of their events;
+  the span of their events. Traces recorded by ``nbt.profile`` carry the machine's load around
+  each step: the median is then that of the steps no other work disturbed, and the verdict
+  (faster, slower, the same, no measurable change, not comparable) is
+  :func:`nbtoolkit.trace.step_time.compare_step_times`'s (``TraceDiff.step_time``);
 - time per category, averaged over ranks (ms, :func:`temporal_breakdown`): idle, compute,
   non-compute, and communication / exposed communication (:func:`comm_comp_overlap`);
   divided by the number of analysed steps so that traces with a different number of
@@ -21,10 +24,14 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+    from nbtoolkit.trace.step_time import StepTimeComparison
     from nbtoolkit.trace.trace import Trace
     from nbtoolkit.trace.trace_diff import TraceDiff
 
-__all__ = ["compare"]
+__all__ = ["STEP_TIME", "compare"]
+
+#: the summary's step-time metric
+STEP_TIME = "step time (ms, median)"
 
 
 def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bool = False) -> TraceDiff:
@@ -34,9 +41,15 @@ def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bo
     """
     import pandas as pd
 
+    from nbtoolkit.trace.step_time import LOAD_UNKNOWN, compare_step_times
     from nbtoolkit.trace.trace_diff import TraceDiff
 
+    step_time = compare_step_times(before, after)
     a, b = _summary(before, include_last_step), _summary(after, include_last_step)
+    if step_time.verdict != LOAD_UNKNOWN and step_time.before.used_ms and step_time.after.used_ms:
+        # the undisturbed steps' medians: what the verdict is about
+        a[STEP_TIME] = step_time.before.median_ms
+        b[STEP_TIME] = step_time.after.median_ms
     summary = pd.DataFrame({"before": a, "after": b})
     summary["delta"] = summary["after"] - summary["before"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -66,19 +79,22 @@ def compare(before: Trace, after: Trace, *, top: int = 15, include_last_step: bo
         summary=summary.reset_index(),
         operators=operators,
         kernels=kernels,
-        time_within_noise=_within_noise(before, after),
+        time_within_noise=_within_noise(step_time),
+        step_time=step_time,
     )
 
 
-def _within_noise(before: Trace, after: Trace) -> bool | None:
-    """Whether the step durations' middle halves (25th-75th percentile) overlap; None when
-    either trace has fewer than 2 steps (a single step has no spread to compare)."""
-    a, b = before.steps, after.steps
-    if len(a) < 2 or len(b) < 2:
+def _within_noise(step_time: StepTimeComparison) -> bool | None:
+    """Whether the step-time change is noise: the verdict's, or (load unknown) the earlier rule
+    that the step durations' middle halves overlap; None when it cannot be told."""
+    from nbtoolkit.core.interleaved import FASTER, SLOWER
+    from nbtoolkit.trace.step_time import LOAD_UNKNOWN, NOT_COMPARABLE
+
+    if step_time.verdict == LOAD_UNKNOWN:
+        return step_time.within_noise
+    if step_time.verdict == NOT_COMPARABLE:
         return None
-    a_low, a_high = np.percentile(a["dur"], [25, 75])
-    b_low, b_high = np.percentile(b["dur"], [25, 75])
-    return bool(a_low <= b_high and b_low <= a_high)
+    return step_time.verdict not in (FASTER, SLOWER)
 
 
 def _n_steps(trace: Trace, include_last_step: bool) -> int:
@@ -107,7 +123,7 @@ def _summary(trace: Trace, include_last_step: bool) -> dict[str, float]:
     tb = temporal_breakdown(trace, include_last_step=include_last_step)
     ov = comm_comp_overlap(trace, include_last_step=include_last_step)
     return {
-        "step time (ms, median)": step_ms,
+        STEP_TIME: step_ms,
         "idle (ms/step)": float(tb["idle_us"].mean()) / 1e3 / n,
         "compute (ms/step)": float(tb["compute_us"].mean()) / 1e3 / n,
         "non-compute (ms/step)": float(tb["non_compute_us"].mean()) / 1e3 / n,

@@ -7,6 +7,10 @@ profiler with one ``ProfilerStep#N`` per call, recorded by
 ranks use. The Chrome trace the profiler exports is read back through
 :func:`nbtoolkit.load_trace`, so a profiled cell feeds exactly the same analyses and views
 as a trace file from a GPU cluster.
+
+The machine's load around every profiled step (load probes, the wait for a processor) is kept
+with the trace as ``trace.step_load`` (:mod:`nbtoolkit.trace.step_load`): ``nbt.compare`` uses it
+to leave the steps that other work disturbed out of the step-time comparison.
 """
 
 from __future__ import annotations
@@ -59,10 +63,12 @@ def profile(
     its device work (the step runner's ``synchronize`` inside the step's label).
     The profiler is stopped in a ``finally`` block, so an exception or a KeyboardInterrupt
     inside ``fn`` leaves no profiler running; the exception propagates unchanged.
-    The value ``fn`` returned last is kept in ``trace.value``.
+    The value ``fn`` returned last is kept in ``trace.value``; the load measured around each step in
+    ``trace.step_load`` (``{rank: StepLoad}``, saved with the trace).
     """
     from nbtoolkit.trace.kineto import load_trace
     from nbtoolkit.trace.kineto_args import attach_event_args
+    from nbtoolkit.trace.step_load import StepLoadRecorder
     from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
 
     measure = measure_config(config, steps=steps, warmup=warmup)
@@ -73,6 +79,7 @@ def profile(
         if trace_path is not None
         else temporary_trace_file("nbt-profile-")  # removed once the trace is loaded
     )
+    recorder = StepLoadRecorder()
     with where as out:
         value = record_step_trace(
             fn,
@@ -83,7 +90,9 @@ def profile(
             record_shapes=record_shapes,
             profile_memory=profile_memory,
             with_stack=with_stack,
+            load=recorder,
         )
+        step_load = recorder.finish()  # the machine's busy share over the recording, not the loading
         trace = load_trace(out)
         attach_event_args(trace)  # shapes and sync arguments, read before the temporary file goes
     for info in trace.info.values():
@@ -91,6 +100,8 @@ def profile(
         info.notes = [n for n in info.notes if "file name" not in n]
         info.source = str(out) if keep else "nbt.profile (in this process)"
     trace.value = value
+    if len(trace.ranks) == 1:  # the profiler writes one rank; its steps are the recorder's
+        trace.step_load = {trace.ranks[0]: step_load}
     if metrics:
         _attach_step_metrics(trace, fn, tokens_per_step)
     return trace

@@ -19,6 +19,9 @@ How a step is recorded, and why:
   synchronised before the profiler starts, so warm-up work does not spill into step 0.
 - The profiler is stopped in a ``finally`` block: an exception or a KeyboardInterrupt in
   the step leaves no profiler running, and propagates unchanged.
+- With a :class:`~nbtoolkit.trace.step_load.StepLoadRecorder` (``nbt.profile`` passes one), the
+  machine's load is measured around every step, outside its label (the step's duration in the
+  trace does not include it): what ``nbt.compare`` needs to leave disturbed steps out.
 """
 
 from __future__ import annotations
@@ -28,13 +31,16 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
 from nbtoolkit.core.measure_config import DEFAULT_STEPS, DEFAULT_WARMUP
 from nbtoolkit.core.native_stderr import native_stderr_silenced
 from nbtoolkit.core.profiler_steps import profiler_step_label
 from nbtoolkit.core.step_runner import synchronize as device_synchronize
+
+if TYPE_CHECKING:
+    from nbtoolkit.trace.step_load import StepLoadRecorder
 
 __all__ = ["record_step_trace", "temporary_trace_file"]
 
@@ -49,6 +55,7 @@ def record_step_trace(
     profile_memory: bool = False,
     with_stack: bool = False,
     synchronize: bool = True,
+    load: StepLoadRecorder | None = None,
 ) -> Any:
     """Run ``fn`` ``warmup`` times, then ``steps`` times under torch.profiler; write the Chrome trace.
 
@@ -59,6 +66,7 @@ def record_step_trace(
         warmup: calls before profiling starts.
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
         synchronize: wait for the device inside each step's label (``MeasureConfig.synchronize``).
+        load: measures the machine's load around every profiled step (filled in place).
 
     Returns what ``fn`` returned last. See the module docstring for how steps are recorded.
 
@@ -96,10 +104,16 @@ def record_step_trace(
     with native_stderr_silenced():  # Kineto's "USDT ... profiler_start" lines
         prof.start()
     try:
+        if load is not None:
+            load.start()
         for step in range(steps):
+            if load is not None:
+                load.before_step()
             with torch.profiler.record_function(profiler_step_label(step)):
                 value = fn()
                 wait()  # inside the label: the step's time covers its device work
+            if load is not None:
+                load.after_step()  # outside the label: the probe is not part of the step
             prof.step()
     finally:
         with native_stderr_silenced():

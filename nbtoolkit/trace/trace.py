@@ -44,6 +44,8 @@ from nbtoolkit.trace.records import RankInfo, empty_collectives
 if TYPE_CHECKING:
     import pandas as pd
 
+    from nbtoolkit.trace.step_load import StepLoad
+
 __all__ = ["KernelBreakdown", "RankInfo", "StragglerReport", "Trace"]
 
 _FORMAT_VERSION = 1
@@ -65,6 +67,9 @@ class Trace(Result):
     notes: list[str] = field(default_factory=list)
     value: Any = field(default=None, repr=False)  # what the profiled function returned last (not saved)
     step_metrics: Any = field(default=None, repr=False)  # StepMetrics of profile(metrics=True); not saved
+    # rank -> StepLoad: the machine's load around each step nbt.profile recorded (saved); empty for
+    # traces of other tools. nbt.compare leaves the steps other work disturbed out.
+    step_load: dict[int, StepLoad] = field(default_factory=dict, repr=False)
     _steps: pd.DataFrame | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- access
@@ -219,6 +224,7 @@ class Trace(Result):
         events: dict[int, pd.DataFrame] = {}
         info: dict[int, RankInfo] = {}
         collectives: dict[int, pd.DataFrame] = {}
+        step_load: dict[int, StepLoad] = {}
         notes: list[str] = []
         for trace in traces:
             if not isinstance(trace, Trace):
@@ -232,10 +238,12 @@ class Trace(Result):
                 events[rank] = trace.events[rank]
                 info[rank] = trace.info[rank]
                 collectives[rank] = trace.collectives.get(rank, empty_collectives())
+                if rank in trace.step_load:
+                    step_load[rank] = trace.step_load[rank]
             notes += [n for n in trace.notes if n not in notes]
         if not events:
             raise TraceError("Trace.combine() got no traces")
-        return cls(events=events, info=info, collectives=collectives, notes=notes)
+        return cls(events=events, info=info, collectives=collectives, notes=notes, step_load=step_load)
 
     # -------------------------------------------------------------- save/load
     def save(self, path: str | Path) -> Path:
@@ -259,11 +267,13 @@ class Trace(Result):
                         pa.Table.from_pandas(coll, preserve_index=False),
                         folder / f"rank{rank}.collectives.parquet",
                     )
-            meta = {
+            meta: dict[str, Any] = {
                 "nbtoolkit_trace": _FORMAT_VERSION,
                 "notes": self.notes,
                 "ranks": [self.info[r].to_json() for r in self.ranks],
             }
+            if self.step_load:  # written only when there is one: older readers see the same file
+                meta["step_load"] = {str(r): load.to_json() for r, load in sorted(self.step_load.items())}
             (folder / "trace.json").write_text(json.dumps(meta, indent=1, default=str))
         return folder
 
@@ -271,7 +281,7 @@ class Trace(Result):
     def load(cls, path: str | Path) -> Trace:
         """Read a folder written by :meth:`save`; a damaged or edited one is a TraceError naming the file."""
         from nbtoolkit.core.saved import check_version, read_json, saved_folder
-        from nbtoolkit.trace.trace_saved import check_meta, read_rank
+        from nbtoolkit.trace.trace_saved import check_meta, read_rank, read_step_load
 
         folder, meta_path = saved_folder(path, "trace.json", what="Trace", error=TraceError)
         meta = read_json(meta_path, what="Trace", error=TraceError)
@@ -289,7 +299,8 @@ class Trace(Result):
             info[rank] = RankInfo(**fields)
             events[rank], coll = read_rank(folder, rank)
             collectives[rank] = coll if coll is not None else empty_collectives()
-        return cls(events=events, info=info, collectives=collectives, notes=notes)
+        step_load = read_step_load(meta, meta_path, ranks=set(info))
+        return cls(events=events, info=info, collectives=collectives, notes=notes, step_load=step_load)
 
 
 @dataclass(repr=False, eq=False)

@@ -4,6 +4,8 @@ The schema is the one the reader builds (:mod:`nbtoolkit.trace.trace`'s module d
 ``trace.json`` holds the notes and one ``RankInfo`` per rank; ``rank<N>.events.parquet`` the
 events, sorted by start, with finite times and non-negative durations;
 ``rank<N>.collectives.parquet`` (when the rank has collectives) rows pointing into the events.
+``trace.json``'s ``step_load`` (traces of ``nbt.profile`` only) holds one
+:class:`~nbtoolkit.trace.step_load.StepLoad` per rank, keyed by the rank in decimal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from nbtoolkit.core.paths import shown_path
 from nbtoolkit.core.saved import (
     ANY,
     INT,
+    NUMBER,
     TEXT,
     Check,
     check_fields,
@@ -29,7 +32,19 @@ from nbtoolkit.core.saved import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["COLLECTIVE_DTYPES", "EVENT_DTYPES", "RANK_INFO_FIELDS", "check_meta", "rank_info", "read_rank"]
+if TYPE_CHECKING:
+    from nbtoolkit.trace.step_load import StepLoad
+
+__all__ = [
+    "COLLECTIVE_DTYPES",
+    "EVENT_DTYPES",
+    "RANK_INFO_FIELDS",
+    "STEP_LOAD_FIELDS",
+    "check_meta",
+    "rank_info",
+    "read_rank",
+    "read_step_load",
+]
 
 #: column -> the pandas dtype the reader gives it (and Trace.save writes)
 EVENT_DTYPES = {
@@ -70,6 +85,16 @@ RANK_INFO_FIELDS: dict[str, tuple[Check, Any]] = {
     "thread_names": (dict_of(TEXT, TEXT), {}),
     "notes": (list_of(TEXT), []),
 }
+#: StepLoad field -> (check, default); the step lists are required
+STEP_LOAD_FIELDS: dict[str, tuple[Check, Any]] = {
+    "probes_s": (list_of(NUMBER), None),
+    "probe_waits_s": (list_of(NUMBER), []),
+    "wall_s": (list_of(NUMBER), None),
+    "cpu_s": (list_of(NUMBER), None),
+    "wait_s": (list_of(NUMBER), []),
+    "machine_busy": (optional(NUMBER), None),
+    "cores": (optional(_NON_NEGATIVE), None),
+}
 _INT64_MAX = 2**63 - 1
 
 
@@ -96,6 +121,45 @@ def check_meta(meta: dict[str, Any], meta_path: Path) -> tuple[list[str], list[d
         twice = sorted({r for r in ranks if ranks.count(r) > 1})[:5]
         raise TraceError(f"{where}: rank(s) {twice} are listed twice; the file is damaged, save it again")
     return list(fields["notes"]), infos
+
+
+def read_step_load(meta: dict[str, Any], meta_path: Path, *, ranks: set[int]) -> dict[int, StepLoad]:
+    """The ``step_load`` of ``trace.json`` (empty when absent: a trace of another tool), each checked."""
+    from nbtoolkit.trace.step_load import StepLoad
+
+    where = shown_path(meta_path)
+    entries = meta.get("step_load", {})
+    if not isinstance(entries, dict):
+        raise TraceError(f"{where}: 'step_load' should be an object (rank -> load); save the trace again")
+    loads: dict[int, StepLoad] = {}
+    for key, entry in entries.items():
+        rank = int(key) if key.isdecimal() and len(key) < 19 else None
+        if rank is None or rank not in ranks:
+            raise TraceError(
+                f"{where}: step_load names rank {key[:20]!r}, which is not a rank of the trace; "
+                "the file is damaged, save it again"
+            )
+        fields = check_fields(
+            entry,
+            STEP_LOAD_FIELDS,
+            where=f"{where}, step_load[{rank}]",
+            error=TraceError,
+            required=("probes_s", "wall_s", "cpu_s"),
+        )
+        load = StepLoad(**{name: _as_float(value) for name, value in fields.items() if name != "cores"})
+        load.cores = fields["cores"]
+        problem = load.problem()
+        if problem:
+            raise TraceError(f"{where}, step_load[{rank}]: {problem}; the file is damaged, save it again")
+        loads[rank] = load
+    return loads
+
+
+def _as_float(value: Any) -> Any:
+    """JSON numbers as floats (a list of them, None kept): 0 and 0.0 read alike."""
+    if isinstance(value, list):
+        return [float(v) for v in value]
+    return None if value is None else float(value)
 
 
 def read_rank(folder: Path, rank: int) -> tuple[pd.DataFrame, pd.DataFrame | None]:

@@ -13,7 +13,6 @@ import math
 import shutil
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -419,16 +418,17 @@ def test_compare_a_trace_with_itself_changes_nothing(gloo_trace: nbt.Trace, cpu_
 
 
 def test_compare_flags_a_step_time_change_inside_the_noise() -> None:
-    """The quartile rule of Comparison: overlapping middle halves are noise, separate ones are not."""
+    """The quartile rule of Comparison (traces without load measurements): overlapping middle halves
+    are noise, separate ones are not."""
 
-    from nbtoolkit.trace.diff import _within_noise
+    from nbtoolkit.trace.step_time import _quartiles_overlap
 
-    def steps(*durations: float) -> SimpleNamespace:
-        return SimpleNamespace(steps=pd.DataFrame({"dur": list(durations)}))
+    def steps(*durations: float) -> pd.DataFrame:
+        return pd.DataFrame({"dur": list(durations)})
 
-    assert _within_noise(steps(100, 110, 120, 130), steps(105, 115, 125, 135)) is True
-    assert _within_noise(steps(100, 101, 102, 103), steps(150, 151, 152, 153)) is False
-    assert _within_noise(steps(100), steps(150, 151)) is None
+    assert _quartiles_overlap(steps(100, 110, 120, 130), steps(105, 115, 125, 135)) is True
+    assert _quartiles_overlap(steps(100, 101, 102, 103), steps(150, 151, 152, 153)) is False
+    assert _quartiles_overlap(steps(100), steps(150, 151)) is None
 
 
 @slow
