@@ -2,9 +2,10 @@
 
 :func:`run_steps` calls the step ``warmup`` times, then ``steps`` times, each timed call
 bracketed by a device synchronisation (:func:`synchronize`: CUDA, XPU or MPS when in use) and
-read with ``time.perf_counter`` (wall) and ``time.process_time`` (this process's CPU time,
-which waiting for a busy machine's cores does not inflate). It can reset and read the
-device's peak allocated memory around the measured steps.
+read with ``time.perf_counter`` (wall), ``time.process_time`` (this process's CPU time,
+which waiting for a busy machine's cores does not inflate) and ``time.thread_time`` (the
+calling thread's CPU time, which other threads of the process do not inflate either). It
+can reset and read the device's peak allocated memory around the measured steps.
 
 An exception raised by the step becomes one :class:`~nbtoolkit.core.errors.StepError` naming the
 step and the call that failed, with the original chained (:func:`call_step`), on every path
@@ -83,6 +84,7 @@ class StepRun:
     Attributes:
         times_s: wall seconds of each measured step, in order.
         cpu_times_s: processor seconds of the same steps.
+        thread_times_s: processor seconds of the calling thread in the same steps.
         warmup_times_s: wall seconds of each warm-up step (what compilation cost shows in).
         values: what each measured step returned.
         peak_bytes: the device's peak allocated bytes during the measured steps (``peak_memory``
@@ -91,6 +93,7 @@ class StepRun:
 
     times_s: list[float] = field(default_factory=list)
     cpu_times_s: list[float] = field(default_factory=list)
+    thread_times_s: list[float] = field(default_factory=list)
     warmup_times_s: list[float] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
     peak_bytes: int | None = None
@@ -160,11 +163,12 @@ def run_steps(
         torch.cuda.reset_peak_memory_stats(gpu)
     for index in range(config.steps):
         sync()
-        start, start_cpu = time.perf_counter(), time.process_time()
+        start, start_cpu, start_thread = time.perf_counter(), time.process_time(), time.thread_time()
         value = call_step(step, f"timed step {index + 1} of {config.steps}", name=label)
         sync()
         run.times_s.append(time.perf_counter() - start)
         run.cpu_times_s.append(time.process_time() - start_cpu)
+        run.thread_times_s.append(time.thread_time() - start_thread)
         run.values.append(value)
         if on_step is not None:
             on_step("timed step")

@@ -65,7 +65,8 @@ class RecomputeConfig:
     Attributes:
         blocks: candidate module names (``model.named_modules()`` paths); None: the model's
             repeated blocks.
-        steps: timing rounds (each: one plain step and one step per candidate checkpointed), >= 1.
+        steps: timing rounds at least (each: one plain step and one step with every candidate
+            checkpointed; more while the costs are imprecise, up to a time limit), >= 1.
         verify: apply the chosen plan and measure its real peak.
 
     It reads no environment variable (``plan_recompute`` never did); ``OptimizeConfig.plan``

@@ -14,8 +14,11 @@ live total measured in phase ``p``. Checkpointing a set S gives the predicted pe
 ``fixed`` (``fixed_bytes``) is the device memory outside the step's own allocations that no
 checkpointing changes (parameters, optimizer state, inputs: the device's total at the
 baseline peak minus the step's own peak), and the predicted overhead is the sum of the
-chosen ``recompute_time_s``. A budget of the device's whole peak counts ``fixed``; a budget
-of the step's own memory (``step_budget_bytes``) leaves it out.
+chosen ``recompute_time_s``, its spread the sums of their ``recompute_time_p25_s`` and
+``recompute_time_p75_s`` (what varies from step to step, chiefly the overhead factor, varies
+for every block alike, and quantiles of quantities that move together add). A budget of the
+device's whole peak counts ``fixed``; a budget of the step's own memory (``step_budget_bytes``)
+leaves it out.
 """
 
 from __future__ import annotations
@@ -47,10 +50,14 @@ class RecomputeCosts:
     Attributes:
         blocks: candidate names (``model.named_modules()`` paths), in model order.
         saved_bytes: per block, the drop in live bytes when only that block is checkpointed.
-        recompute_time_s: per block, the step-time increase when only that block is checkpointed.
+        recompute_time_s: per block, the step-time increase checkpointing it is predicted to cost
+            (the median of its measured samples, see ``nbtoolkit.recompute.recompute_timing``).
+        recompute_time_p25_s / recompute_time_p75_s: the 25th and 75th percentiles of those
+            samples, the cost's spread; default empty: no spread known (:attr:`recompute_time_spread_s`
+            then gives the cost itself).
         phase_bytes: per phase, the highest live total measured in it without checkpointing.
         phase_alive: per phase, the names of the blocks alive in it.
-        forward_time_s: per block, its fastest forward (for reference); default zeros.
+        forward_time_s: per block, its median forward in the plain steps (for reference); default zeros.
         modules: per block, its class name; default empty names.
         baseline_peak_bytes: the measured peak without checkpointing; default the highest phase.
         baseline_step_time_s: the measured median step time without checkpointing.
@@ -60,9 +67,12 @@ class RecomputeCosts:
         fixed_by_category: what makes up the fixed memory and the gradients, for messages:
             ``parameter``, ``optimizer_state``, ``input``, ``gradient`` (bytes of the trainable
             parameters' gradients, made during backward) as far as they were measured.
+        timing: numbers about the timing rounds, for reports: ``rounds``, ``seconds``,
+            ``precise`` (1.0 when the rounds stopped because the estimates were precise), and the
+            overhead factor's ``overhead_factor_p25``, ``overhead_factor``, ``overhead_factor_p75``.
 
     Lists are accepted and kept as tuples; wrong lengths, unknown block names in
-    ``phase_alive`` and negative numbers raise NbtUsageError.
+    ``phase_alive``, negative numbers and a cost outside its quartiles raise NbtUsageError.
     """
 
     blocks: tuple[str, ...]
@@ -77,6 +87,9 @@ class RecomputeCosts:
     notes: tuple[str, ...] = ()
     fixed_bytes: int = 0
     fixed_by_category: dict[str, int] = field(default_factory=dict)
+    recompute_time_p25_s: tuple[float, ...] = ()
+    recompute_time_p75_s: tuple[float, ...] = ()
+    timing: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         blocks = (self.blocks,) if isinstance(self.blocks, str) else tuple(self.blocks)
@@ -95,7 +108,21 @@ class RecomputeCosts:
         set_ = object.__setattr__  # frozen: normalise once, here
         set_(self, "blocks", blocks)
         set_(self, "saved_bytes", _numbers("saved_bytes", self.saved_bytes, int, n))
-        set_(self, "recompute_time_s", _numbers("recompute_time_s", self.recompute_time_s, float, n))
+        cost = _numbers("recompute_time_s", self.recompute_time_s, float, n)
+        set_(self, "recompute_time_s", cost)
+        # quartiles left out stay empty (no spread known), so replacing only the costs stays valid
+        given = bool(self.recompute_time_p25_s) or bool(self.recompute_time_p75_s)
+        low = _numbers("recompute_time_p25_s", self.recompute_time_p25_s, float, n if given else 0)
+        high = _numbers("recompute_time_p75_s", self.recompute_time_p75_s, float, n if given else 0)
+        outside = [blocks[i] for i in range(len(low)) if not low[i] <= cost[i] <= high[i]]
+        if outside:
+            raise NbtUsageError(
+                f"recompute_time_s of {outside} is outside its recompute_time_p25_s..recompute_time_p75_s: "
+                "give the 25th percentile <= the cost <= the 75th percentile"
+            )
+        set_(self, "recompute_time_p25_s", low)
+        set_(self, "recompute_time_p75_s", high)
+        set_(self, "timing", {str(k): float(v) for k, v in dict(self.timing).items()})
         set_(self, "phase_bytes", phase_bytes)
         set_(self, "phase_alive", alive)
         forward = self.forward_time_s or (0.0,) * n
@@ -111,6 +138,13 @@ class RecomputeCosts:
         set_(self, "fixed_by_category", {str(k): int(v) for k, v in dict(self.fixed_by_category).items()})
 
     @property
+    def recompute_time_spread_s(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per block the cost's 25th and 75th percentiles; the cost itself where none were measured."""
+        if not self.recompute_time_p25_s:
+            return self.recompute_time_s, self.recompute_time_s
+        return self.recompute_time_p25_s, self.recompute_time_p75_s
+
+    @property
     def alive_indices(self) -> list[frozenset[int]]:
         """``phase_alive`` as sets of positions in ``blocks`` (what the solver works on)."""
         position = {name: i for i, name in enumerate(self.blocks)}
@@ -122,7 +156,8 @@ class RecomputeCosts:
 
         Each rank's phases are kept, with that rank's fixed bytes added (so ``fixed_bytes`` is 0):
         a plan fits the budget only if it fits on every rank. Per block the saving is the
-        smallest over ranks and the recompute time the largest (the slowest rank sets the step).
+        smallest over ranks and the recompute time (and each of its quartiles) the largest (the
+        slowest rank sets the step).
         The blocks must be the same on every rank.
         """
         if not per_rank:
@@ -136,11 +171,15 @@ class RecomputeCosts:
                 )
         n = len(first.blocks)
         categories = sorted({k for c in per_rank for k in c.fixed_by_category})
+        low = [c.recompute_time_spread_s[0] for c in per_rank]
+        high = [c.recompute_time_spread_s[1] for c in per_rank]
         return cls(
             blocks=first.blocks,
             modules=first.modules,
             saved_bytes=tuple(min(c.saved_bytes[i] for c in per_rank) for i in range(n)),
             recompute_time_s=tuple(max(c.recompute_time_s[i] for c in per_rank) for i in range(n)),
+            recompute_time_p25_s=tuple(max(rank[i] for rank in low) for i in range(n)),
+            recompute_time_p75_s=tuple(max(rank[i] for rank in high) for i in range(n)),
             forward_time_s=tuple(max(c.forward_time_s[i] for c in per_rank) for i in range(n)),
             phase_bytes=tuple(c.fixed_bytes + level for c in per_rank for level in c.phase_bytes),
             phase_alive=tuple(alive for c in per_rank for alive in c.phase_alive),

@@ -13,7 +13,10 @@ highest live total measured in it. Checkpointing a set S of blocks gives the pre
     peak(S) = fixed_bytes
               + max over phases p of ( baseline_bytes[p] - sum of saved_bytes[i] for i in S alive in p )
 
-and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``.
+and the predicted overhead is the sum of the chosen blocks' ``recompute_time_s``, with the
+sums of their ``recompute_time_p25_s`` and ``recompute_time_p75_s`` as its spread (how the
+costs are timed: ``nbtoolkit.recompute.recompute_timing``). A prediction whose spread is more
+than half of it is flagged uncertain (:attr:`RecomputePlan.overhead_uncertain`).
 ``fixed_bytes`` is device memory no checkpointing changes (parameters, optimizer state,
 inputs). ``budget_kind`` says what the budget and every peak count: ``"total"`` (the default)
 the device's whole peak, what ``torch.cuda.max_memory_allocated`` reports on a GPU and
@@ -35,7 +38,10 @@ from nbtoolkit.core.units import format_bytes, format_seconds
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RecomputePlan", "Undoable"]
+__all__ = ["UNCERTAIN_SPREAD", "RecomputePlan", "Undoable"]
+
+#: A predicted overhead is uncertain when its spread (p75 - p25) is more than this share of it.
+UNCERTAIN_SPREAD = 0.5
 
 
 class Undoable(Protocol):
@@ -60,16 +66,22 @@ class RecomputePlan(Result):
         budget_bytes: the budget the plan was made for, in bytes of the peak ``budget_kind`` names.
         predicted_peak_bytes: peak(blocks) from the memory model above.
         predicted_overhead_s: extra seconds per step: the sum of the chosen blocks' ``recompute_time_s``.
+        predicted_overhead_p25_s / predicted_overhead_p75_s: its spread, the sums of the chosen
+            blocks' ``recompute_time_p25_s`` / ``recompute_time_p75_s`` (None in plans saved
+            before costs had a spread).
         baseline_peak_bytes: the measured peak without any checkpointing (plus ``fixed_bytes``).
-        baseline_step_time_s: the measured median step time without checkpointing (processor
-            time when the model is on the CPU, see ``plan_recompute``).
+        baseline_step_time_s: the measured median step time without checkpointing (the calling
+            thread's processor time when the model is on the CPU, see ``plan_recompute``).
         candidates: one row per candidate block: ``block``, ``module`` (class),
             ``saved_bytes`` (measured drop in live bytes when only that block is checkpointed),
-            ``recompute_time_s`` (measured step-time increase when only that block is checkpointed),
-            ``forward_time_s`` (its fastest forward, for reference), ``chosen``.
+            ``recompute_time_s`` (the step-time increase checkpointing it is predicted to cost),
+            ``recompute_time_p25_s`` and ``recompute_time_p75_s`` (that cost's spread: the 25th and
+            75th percentiles of its measured samples), ``forward_time_s`` (its median forward, for
+            reference), ``chosen``.
         tradeoff: the exact memory-vs-time Pareto front: ``predicted_peak_bytes``,
-            ``predicted_overhead_s``, ``n_blocks``, ``blocks`` (comma-separated), from no
-            checkpointing down to the lowest reachable peak.
+            ``predicted_overhead_s`` (and its ``predicted_overhead_p25_s`` / ``_p75_s``),
+            ``n_blocks``, ``blocks`` (comma-separated), from no checkpointing down to the lowest
+            reachable peak.
         phases: ``baseline_bytes`` and ``alive`` (block names) per phase of the memory model.
         measured_peak_bytes: the peak measured with the plan applied (None if not verified).
         solver: how the set was chosen.
@@ -93,6 +105,8 @@ class RecomputePlan(Result):
     notes: list[str] = field(default_factory=list)
     fixed_bytes: int = 0
     budget_kind: str = "total"
+    predicted_overhead_p25_s: float | None = None
+    predicted_overhead_p75_s: float | None = None
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
@@ -106,8 +120,27 @@ class RecomputePlan(Result):
 
     def predict_overhead(self, blocks: list[str] | tuple[str, ...]) -> float:
         """Predicted extra seconds per step when exactly ``blocks`` are checkpointed."""
-        cost = dict(zip(self.candidates["block"], self.candidates["recompute_time_s"], strict=True))
-        return float(sum(cost[b] for b in blocks))
+        return self._sum_of("recompute_time_s", blocks)
+
+    def predict_overhead_spread(self, blocks: list[str] | tuple[str, ...]) -> tuple[float, float] | None:
+        """The 25th and 75th percentiles of :meth:`predict_overhead` (None for a plan saved
+        before costs had a spread)."""
+        if "recompute_time_p25_s" not in self.candidates:
+            return None
+        return self._sum_of("recompute_time_p25_s", blocks), self._sum_of("recompute_time_p75_s", blocks)
+
+    def _sum_of(self, column: str, blocks: list[str] | tuple[str, ...]) -> float:
+        value = dict(zip(self.candidates["block"], self.candidates[column], strict=True))
+        return float(sum(value[b] for b in blocks))
+
+    @property
+    def overhead_uncertain(self) -> bool:
+        """Whether the predicted overhead's spread (p75 - p25) is more than half of it: the
+        timings varied too much for the number to be trusted (a busy machine, too few rounds)."""
+        if self.predicted_overhead_p25_s is None or self.predicted_overhead_p75_s is None:
+            return False
+        spread = self.predicted_overhead_p75_s - self.predicted_overhead_p25_s
+        return spread > UNCERTAIN_SPREAD * self.predicted_overhead_s
 
     @property
     def min_peak_bytes(self) -> int:
@@ -144,11 +177,14 @@ class RecomputePlan(Result):
         ordered = [b for b in known if b in chosen]
         candidates = self.candidates.copy()
         candidates["chosen"] = [b in chosen for b in known]
+        spread = self.predict_overhead_spread(ordered)
         return dataclasses.replace(
             self,
             blocks=ordered,
             predicted_peak_bytes=self.predict_peak(ordered),
             predicted_overhead_s=self.predict_overhead(ordered),
+            predicted_overhead_p25_s=spread[0] if spread else None,
+            predicted_overhead_p75_s=spread[1] if spread else None,
             candidates=candidates,
             notes=list(self.notes),
         )
@@ -184,8 +220,8 @@ class RecomputePlan(Result):
             f"{format_bytes(self.predicted_peak_bytes)} predicted{measured}{fixed}"
         )
         overhead = (
-            f"  time   +{format_seconds(self.predicted_overhead_s)} per step predicted "
-            f"(baseline step {format_seconds(self.baseline_step_time_s)})"
+            f"  time   +{format_seconds(self.predicted_overhead_s)} per step predicted"
+            f"{self._overhead_spread()} (baseline step {format_seconds(self.baseline_step_time_s)})"
         )
         solver = (
             f"  solver {self.solver}; trade-off front of {len(self.tradeoff)} plans, lowest peak "
@@ -195,13 +231,35 @@ class RecomputePlan(Result):
         lines = [head, peak, overhead, blocks, solver]
         return lines
 
+    def _overhead_spread(self) -> str:
+        """`` (p25-p75 a-b)`` after the predicted overhead, saying so when it is uncertain."""
+        low, high = self.predicted_overhead_p25_s, self.predicted_overhead_p75_s
+        if low is None or high is None or not self.blocks:
+            return ""
+        text = f" (p25-p75 {_range(low, high)}"
+        if self.overhead_uncertain:
+            text += f"; uncertain: the spread is {_share(high - low, self.predicted_overhead_s)}"
+        return text + ")"
+
+    def _cost_spreads(self) -> list[str]:
+        """Per candidate, its cost's p25-p75 range as text ("" for a plan saved without it)."""
+        if "recompute_time_p25_s" not in self.candidates:
+            return [""] * len(self.candidates)
+        return [
+            _range(low, high)
+            for low, high in zip(
+                self.candidates["recompute_time_p25_s"], self.candidates["recompute_time_p75_s"], strict=True
+            )
+        ]
+
     def _text(self) -> str:
         lines = self._summary_lines()
-        lines.append("  candidates:")
+        lines.append("  candidates:" + (" (cost: median, p25-p75)" if any(self._cost_spreads()) else ""))
         lines.extend(
             f"    {'*' if row.chosen else ' '} {row.block:<24} {row.module:<16} saves "
             f"{format_bytes(row.saved_bytes):>12}  costs {format_seconds(row.recompute_time_s):>9}"
-            for row in self.candidates.itertuples(index=False)
+            + (f"  ({spread})" if spread else "")
+            for row, spread in zip(self.candidates.itertuples(index=False), self._cost_spreads(), strict=True)
         )
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
@@ -210,14 +268,20 @@ class RecomputePlan(Result):
         frame = self.candidates.copy()
         frame["saved"] = [format_bytes(v) for v in frame["saved_bytes"]]
         frame["recompute time"] = [format_seconds(v) for v in frame["recompute_time_s"]]
+        frame["p25-p75"] = self._cost_spreads()
         frame["chosen"] = ["yes" if c else "" for c in frame["chosen"]]
-        return frame[["block", "module", "saved", "recompute time", "chosen"]]
+        return frame[["block", "module", "saved", "recompute time", "p25-p75", "chosen"]]
 
     def _display_tradeoff(self) -> pd.DataFrame:
         frame = self.tradeoff.copy()
         frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
         frame["predicted overhead"] = [format_seconds(v) for v in frame["predicted_overhead_s"]]
-        return frame[["predicted peak", "predicted overhead", "n_blocks", "blocks"]]
+        columns = ["predicted peak", "predicted overhead", "n_blocks", "blocks"]
+        if "predicted_overhead_p25_s" in frame:
+            ends = zip(frame["predicted_overhead_p25_s"], frame["predicted_overhead_p75_s"], strict=True)
+            frame["p25-p75"] = [_range(low, high) for low, high in ends]
+            columns.insert(2, "p25-p75")
+        return frame[columns]
 
     def _html(self) -> str:
         head = "<br>".join(escape(line.strip()) for line in self._summary_lines())
@@ -248,6 +312,8 @@ class RecomputePlan(Result):
             "notes": list(self.notes),
             "fixed_bytes": int(self.fixed_bytes),
             "budget_kind": self.budget_kind,
+            "predicted_overhead_p25_s": self.predicted_overhead_p25_s,
+            "predicted_overhead_p75_s": self.predicted_overhead_p75_s,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -289,12 +355,33 @@ class RecomputePlan(Result):
                 fixed_bytes=int(data.get("fixed_bytes", 0)),
                 # plans saved before budgets counted the device's total were step budgets
                 budget_kind=str(data.get("budget_kind", "step")),
+                predicted_overhead_p25_s=_optional_float(data.get("predicted_overhead_p25_s")),
+                predicted_overhead_p75_s=_optional_float(data.get("predicted_overhead_p75_s")),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(
                 f"cannot read a saved RecomputePlan from {str(source)!r}: {exc}; pass a file written by "
                 "RecomputePlan.save()"
             ) from None
+
+
+def _range(low: float, high: float) -> str:
+    """``2.0-2.6 ms``: one unit when both ends read best in it."""
+    first, second = format_seconds(low), format_seconds(high)
+    unit, other = first.rpartition(" ")[2], second.rpartition(" ")[2]
+    return f"{first.rpartition(' ')[0]}-{second}" if unit == other else f"{first}-{second}"
+
+
+def _share(part: float, whole: float) -> str:
+    """``80% of the cost``, or ``2.3x the cost`` when larger."""
+    if whole <= 0:
+        return "larger than the cost"
+    ratio = part / whole
+    return f"{ratio:.0%} of the cost" if ratio < 1 else f"{ratio:.1f}x the cost"
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _json_default(value: Any) -> Any:

@@ -4,8 +4,9 @@
 :class:`~nbtoolkit.recompute.costs.RecomputeCosts`; the solver
 (``nbtoolkit.recompute.solver``) never runs anything. Memory is read through the memory
 feature's one walker of torch's memory profiler (``nbtoolkit.memory.profile``),
-with markers put in by forward hooks on the blocks. The method is written out in
-``nbtoolkit.recompute.planner``.
+with markers put in by forward hooks on the blocks; time through the timing rounds of
+``nbtoolkit.recompute.recompute_timing`` (how and why costs are timed as they are). The
+method is written out in ``nbtoolkit.recompute.planner``.
 
 The model is left as it was (hooks removed, checkpoint wrappers undone), also on errors.
 """
@@ -13,17 +14,23 @@ The model is left as it was (hooks removed, checkpoint wrappers undone), also on
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import CaptureError, NbtUsageError
-from nbtoolkit.core.measure_config import MeasureConfig
-from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.memory.profile import TOTAL_UNKNOWN, MemorySeries, mark
 from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.costs import RecomputeCosts
 from nbtoolkit.recompute.measure import profile_memory_series, run_step
+from nbtoolkit.recompute.recompute_timing import (
+    MAX_ROUNDS,
+    BlockCosts,
+    Rounds,
+    Stopwatch,
+    block_costs,
+    identical_groups,
+    time_recompute,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -34,32 +41,45 @@ __all__ = ["measure_recompute_costs", "measurement_runs"]
 
 
 class _BlockProbe:
-    """Forward hooks on the candidate blocks: forward times and profiler markers.
+    """Forward hooks on the candidate blocks: forward times, input signatures, profiler markers.
 
     Markers: ``fwd_end:i`` when block i's forward returns, ``bwd_start:i`` when the gradient
     of its output is computed (its backward is about to run). Only the first call of a block
-    per step counts. Module hooks only (never global ones); ``remove()`` takes them all off.
+    per step counts. ``inputs[i]``: the shapes and dtypes block i was first called with (which
+    blocks are alike). Module hooks only (never global ones); ``remove()`` takes them all off.
     """
 
-    def __init__(self, blocks: Sequence[torch.nn.Module]) -> None:
+    def __init__(self, blocks: Sequence[torch.nn.Module], stopwatch: Stopwatch) -> None:
         self.blocks = list(blocks)
+        self.stopwatch = stopwatch
         self.handles: list[Any] = []
-        self.forward_times: list[list[float]] = [[] for _ in self.blocks]
-        self._start: dict[int, float] = {}
+        self.inputs: list[Any] = [None] * len(self.blocks)
+        self._marks: list[Any | None] = [None] * len(self.blocks)
+        self._start: dict[int, Any] = {}
         self._seen: set[int] = set()
-        self.recording_times = True
+        self.recording_times = False
         for index, block in enumerate(self.blocks):
-            self.handles.append(block.register_forward_pre_hook(self._pre(index)))
+            self.handles.append(block.register_forward_pre_hook(self._pre(index), with_kwargs=True))
             self.handles.append(block.register_forward_hook(self._post(index)))
 
     def new_step(self) -> None:
         self._seen.clear()
         self._start.clear()
 
+    def forward_marks(self, recording: bool) -> list[Any | None]:
+        """Start recording forward times for the next step (True); or stop and return the
+        stopwatch mark of each block's first forward in the step just run (False)."""
+        marks, self._marks = self._marks, [None] * len(self.blocks)
+        self.new_step()
+        self.recording_times = recording
+        return marks
+
     def _pre(self, index: int) -> Callable[..., None]:
-        def hook(module: Any, args: Any) -> None:
-            if index not in self._seen:
-                self._start[index] = time.perf_counter()
+        def hook(module: Any, args: Any, kwargs: Any) -> None:
+            if self.inputs[index] is None:
+                self.inputs[index] = _signature(args, kwargs)
+            if index not in self._seen and self.recording_times:
+                self._start[index] = self.stopwatch.start()
 
         return hook
 
@@ -71,7 +91,7 @@ class _BlockProbe:
                 return
             self._seen.add(index)
             if self.recording_times and index in self._start:
-                self.forward_times[index].append(time.perf_counter() - self._start[index])
+                self._marks[index] = self.stopwatch.stop(self._start[index])
             mark(f"fwd_end:{index}")
             tensors = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.requires_grad]
             if tensors:
@@ -93,22 +113,27 @@ class _BlockProbe:
         self.handles.clear()
 
 
+def _signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """What a call's inputs look like, for telling alike blocks: tensors by shape, dtype and
+    whether they need grad, anything else by its type."""
+    import torch
+
+    def describe(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), str(value.dtype), bool(value.requires_grad))
+        if isinstance(value, (list, tuple)):
+            return tuple(describe(v) for v in value)
+        return type(value).__name__
+
+    return (describe(tuple(args)), tuple(sorted((k, describe(v)) for k, v in dict(kwargs).items())))
+
+
 def _flatten(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
         return [x for item in value for x in _flatten(item)]
     if isinstance(value, dict):
         return [x for item in value.values() for x in _flatten(item)]
     return [value]
-
-
-#: One timed call, no warm-up: the rounds interleave configurations, so each is timed alone.
-_ONE_STEP = MeasureConfig(steps=1, warmup=0)
-
-
-def _timed(step: Callable[[], Any], *, cpu: bool) -> float:
-    """Seconds one step takes: processor time (``time.process_time``) if ``cpu``, else wall time."""
-    run = run_steps(step, _ONE_STEP)
-    return run.cpu_times_s[0] if cpu else run.times_s[0]
 
 
 def phases(series: MemorySeries, n: int) -> tuple[list[int], list[frozenset[int]]]:
@@ -131,8 +156,9 @@ def phases(series: MemorySeries, n: int) -> tuple[list[int], list[frozenset[int]
 
 
 def measurement_runs(n_blocks: int, steps: int) -> int:
-    """How many step runs :func:`measure_recompute_costs` makes (for progress bars)."""
-    return 1 + steps * (n_blocks + 1) + 1 + n_blocks
+    """How many step runs :func:`measure_recompute_costs` counts in its ticks (for progress bars):
+    timing rounds beyond the first ``steps`` (while the spread is large) are not counted."""
+    return 1 + 2 * steps + 1 + n_blocks
 
 
 def measure_recompute_costs(
@@ -143,26 +169,31 @@ def measure_recompute_costs(
     steps: int,
     tick: Callable[[str], None],
     total: bool = True,
+    time_limit_s: float | None = None,
+    pool: bool = True,
 ) -> RecomputeCosts:
-    """Steps 2-4 for the candidate blocks; ``tick(what)`` after each run. ``device``: the GPU the
-    model is on, None on the CPU (the memory profiler's ``device=``; on the CPU a step's cost is
-    its processor time).
+    """Steps 2-4 for the candidate blocks; ``tick(what)`` after each counted run. ``device``: the
+    GPU the model is on, None on the CPU (the memory profiler's ``device=``; on the CPU times
+    are the calling thread's processor time, see ``nbtoolkit.recompute.recompute_timing``).
 
     ``total``: the device's total peak is needed (a budget of it); a CaptureError says so when
-    it cannot be measured.
+    it cannot be measured. ``steps``: timing rounds at least; more while the estimates are
+    imprecise, for up to ``time_limit_s`` seconds more (None: ``recompute_timing.TIME_LIMIT_S``).
+    ``pool``: identical blocks share one pooled cost (``recompute_timing``'s docstring says
+    why); False costs each block on its own.
     """
     names = candidates.names
     blocks = list(candidates.blocks.values())
     n = len(names)
-    probe = _BlockProbe(blocks)
+    stopwatch = Stopwatch(device)
+    probe = _BlockProbe(blocks, stopwatch)
     try:
-        probe.recording_times = False
         run_step(step, "warm-up step")  # optimizer state, lazy buffers
         tick("warm-up step")
-        step_times, cost = _recompute_times(
-            candidates, step, probe, steps=steps, cpu=device is None, tick=tick
+        rounds = time_recompute(
+            candidates, step, stopwatch, forward_marks=probe.forward_marks, steps=steps,
+            time_limit_s=time_limit_s, tick=tick,
         )
-        forward = [min(t) if t else 0.0 for t in probe.forward_times]
         probe.new_step()
         # the baseline is also measured whole (categories and the device's total), for budgets
         # of the device's total peak and for saying what of it no recomputation changes
@@ -180,8 +211,10 @@ def measure_recompute_costs(
         saved = _savings(candidates, step, probe, baseline, device=device, tick=tick)
     finally:
         probe.remove()
+    groups = identical_groups(blocks, probe.inputs)
+    costs = block_costs(rounds, groups, pool=pool)
     levels, alive = phases(baseline, n)
-    notes: list[str] = []
+    notes = _timing_notes(rounds, costs, candidates, stopwatch)
     no_grad = [names[i] for i in range(n) if f"bwd_start:{i}" not in baseline.marks]
     if no_grad:
         notes.append(f"no gradient flows through {', '.join(no_grad)}: checkpointing them saves nothing")
@@ -193,12 +226,14 @@ def measure_recompute_costs(
         blocks=tuple(names),
         modules=tuple(type(b).__name__ for b in blocks),
         saved_bytes=tuple(saved),
-        recompute_time_s=tuple(cost),
-        forward_time_s=tuple(forward),
+        recompute_time_s=tuple(costs.cost_s),
+        recompute_time_p25_s=tuple(costs.p25_s),
+        recompute_time_p75_s=tuple(costs.p75_s),
+        forward_time_s=tuple(statistics.median(t) if t else 0.0 for t in rounds.forward_s),
         phase_bytes=tuple(levels),
         phase_alive=tuple(frozenset(names[i] for i in a) for a in alive),
         baseline_peak_bytes=baseline.peak_bytes,
-        baseline_step_time_s=statistics.median(step_times),
+        baseline_step_time_s=statistics.median(rounds.plain_s),
         notes=tuple(notes),
         fixed_bytes=baseline.outside_bytes or 0,
         # what no recomputation changes: parameters, optimizer state and inputs at the peak, gradients
@@ -207,6 +242,7 @@ def measure_recompute_costs(
                if by_category.get(torch_name)},
             "gradient": candidates.gradient_bytes,
         },
+        timing=_timing_numbers(rounds, costs),
     )
 
 
@@ -214,42 +250,51 @@ def measure_recompute_costs(
 _FIXED_CATEGORIES = {"PARAMETER": "parameter", "OPTIMIZER_STATE": "optimizer_state", "INPUT": "input"}
 
 
-def _recompute_times(
-    candidates: Candidates,
-    step: Callable[[], Any],
-    probe: _BlockProbe,
-    *,
-    steps: int,
-    cpu: bool,
-    tick: Callable[[str], None],
-) -> tuple[list[float], list[float]]:
-    """(plain step times, per block the step-time increase when only it is checkpointed) (step 2)."""
-    # on the CPU the step's cost is its processor time, which a busy machine does not inflate
-    # (wall time there is mostly waiting for a core); on a GPU it is wall time
-    cpu_clock = cpu
-    names = candidates.names
-    step_times: list[float] = []
-    with_block: list[list[float]] = [[] for _ in names]
-    for _ in range(steps):
-        # one round: a plain step, then one step with each block checkpointed alone;
-        # interleaving lets load from other processes hit every configuration alike
-        probe.recording_times = True
-        probe.new_step()
-        step_times.append(_timed(step, cpu=cpu_clock))
-        probe.recording_times = False
-        tick("timed step")
-        for i, name in enumerate(names):
-            applied = checkpoint_modules({name: candidates.blocks[name]})
-            try:
-                probe.new_step()
-                with_block[i].append(_timed(step, cpu=cpu_clock))
-            finally:
-                applied.undo()
-            tick(f"timed step with {name} checkpointed")
-    # fastest of the rounds: load from other processes only ever adds time, so the
-    # minimum is each configuration's own cost (timeit's reasoning)
-    fastest = min(step_times)
-    return step_times, [max(0.0, min(times) - fastest) for times in with_block]
+def _timing_numbers(rounds: Rounds, costs: BlockCosts) -> dict[str, float]:
+    numbers = {
+        "rounds": float(len(rounds.plain_s)), "seconds": rounds.seconds, "precise": float(rounds.precise),
+    }
+    if costs.factor is not None:
+        names = ("overhead_factor_p25", "overhead_factor", "overhead_factor_p75")
+        numbers |= dict(zip(names, costs.factor, strict=True))
+    return numbers
+
+
+def _timing_notes(rounds: Rounds, costs: BlockCosts, blocks: Candidates, stopwatch: Stopwatch) -> list[str]:
+    """What the reader of the plan should know about how its time costs were measured."""
+    names = blocks.names
+    modules = [type(b).__name__ for b in blocks.blocks.values()]
+    count = len(rounds.plain_s)
+    if costs.factor is None:
+        return [
+            (f"no candidate was re-run during backward in {count} timing rounds (no gradient flows "
+             "through them?): their time costs are 0"),
+        ]
+    low, factor, high = costs.factor
+    notes = [
+        (f"time costs: each block's forward as re-run during backward, times the overhead factor "
+         f"{factor:.2f} (p25-p75 {low:.2f}-{high:.2f}): the step-time increase with all {len(names)} "
+         f"candidates checkpointed over their re-run time; median of {count} interleaved rounds, "
+         f"timed by {stopwatch.clock}"),
+    ]
+    notes.extend(
+        f"{len(group)} identical {modules[group[0]]} blocks ({names[group[0]]} ... {names[group[-1]]}: "
+        "same class, parameter and input shapes) share one cost, pooled from all their timings"
+        for group in costs.groups
+    )
+    if rounds.precise or count >= MAX_ROUNDS:
+        return notes
+    if rounds.lockstep:
+        notes.append(
+            f"timing ran {count} rounds, as every rank must run the same steps, and the spread is "
+            "still large: the time costs are uncertain (more steps=... would narrow it)"
+        )
+    else:
+        notes.append(
+            f"timing stopped at its {rounds.limit_s:g} s limit with the spread still large (a busy "
+            "machine?): the time costs are uncertain"
+        )
+    return notes
 
 
 def _savings(

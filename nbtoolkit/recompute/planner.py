@@ -12,16 +12,19 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    among every module's direct children, the groups of two or more non-leaf children of
    the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks);
    the group holding the most parameters wins.
-2. **Recompute time.** One warm-up step (so optimizer state exists), then ``steps`` rounds:
-   each round times one plain step and one step with each candidate checkpointed alone,
-   interleaved so that load from other processes hits every configuration alike. The cost
-   of block ``i`` is ``t_i = max(0, fastest step with i checkpointed - fastest plain step)``
-   (processor time from ``time.process_time`` when the model is on the CPU, which waiting
-   for a busy machine's cores does not inflate; wall time otherwise):
-   the measured price of its recomputation *and* of the checkpoint machinery, net of what
-   checkpointing gives back (on the CPU, freeing activations early can make the allocator
-   cheaper, so a block's forward time alone overstates its cost; it is reported as
-   ``forward_time_s`` for reference). The fastest run is used because load only adds time.
+2. **Recompute time** (``nbtoolkit.recompute.recompute_timing`` gives every reason). One
+   warm-up step (so optimizer state exists), then interleaved rounds, each one plain step
+   and one step with every candidate checkpointed. In the checkpointed step each block's
+   forward is timed again where backward re-runs it (``r_i``, inside the real step rather
+   than in isolation); the round's overhead factor ``k = (T_all - T_plain) / sum_i r_i`` is
+   what the checkpoint machinery adds (saved inputs and RNG state, a hook per saved tensor)
+   or gives back (freed activations), measured on the whole step where it is largest. The
+   cost of block ``i`` is the median over rounds of ``k * r_i``, its spread the 25th-75th
+   percentile; blocks of the same class with the same parameter and input shapes pool
+   their samples (what tells them apart is noise). At least ``steps`` rounds, more while
+   the medians are imprecise, up to a time limit. Times are the calling thread's processor
+   time on the CPU (waiting for a core or for the GIL does not count) and CUDA events and
+   synchronised wall time on a GPU.
 3. **Memory over time.** One step under ``torch.profiler(profile_memory=True)``: the
    allocator's running total ``L(t)`` after every allocation and free, and markers for the
    end of each block's forward and the start of its backward (a hook on the gradient of the
@@ -45,11 +48,12 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    the sum of savings: a block saves nothing in phases where it is not alive, and the peak
    can move to another phase (the backward of the first blocks, the optimizer step).
 6. **Solver: an exact integer linear program** (PuLP with the CBC solver it ships):
-   binary ``x_i``; minimise ``sum t_i x_i``; subject to, for every phase with ``F + P_p > budget``,
-   ``sum_{i in A_p} s_i x_i >= F + P_p - budget``. An ILP rather than dynamic programming because
-   the savings are byte counts (a DP over them needs rounding to a grid, which loses
-   exactness or explodes the table), and because the alive sets need not be nested prefixes
-   (blocks named by the user may run in any order): the ILP takes any phase structure as is.
+   binary ``x_i``; minimise ``sum t_i x_i`` (``t_i`` the cost of step 2); subject to, for
+   every phase with ``F + P_p > budget``, ``sum_{i in A_p} s_i x_i >= F + P_p - budget``. An
+   ILP rather than dynamic programming because the savings are byte counts (a DP over them
+   needs rounding to a grid, which loses exactness or explodes the table), and because the
+   alive sets need not be nested prefixes (blocks named by the user may run in any order):
+   the ILP takes any phase structure as is.
    With a few dozen candidates CBC answers in milliseconds.
 7. **Trade-off front.** Solving again with the budget just below the last plan's predicted
    peak walks the exact Pareto front, from no checkpointing to the lowest reachable peak.
@@ -120,8 +124,9 @@ def plan_recompute(
         step_budget_bytes: instead of ``budget_bytes``, a budget for the step's own peak: what it
             allocates above what was live before it (``Measurement.peak_bytes``).
         blocks: candidate module names (``model.named_modules()`` paths); default: the repeated blocks.
-        steps: timing rounds (each: one plain step and one step per candidate checkpointed);
-            default ``MeasureConfig().steps``.
+        steps: timing rounds at least (each: one plain step and one step with every candidate
+            checkpointed; more follow while the costs are imprecise, for up to
+            ``recompute_timing.TIME_LIMIT_S`` seconds); default ``MeasureConfig().steps``.
         verify: apply the chosen plan and measure its real peak (step 8).
         progress: ``progress(done, total, what)`` after each run.
         config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments;

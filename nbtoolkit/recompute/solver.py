@@ -249,6 +249,7 @@ def _plan(
     from nbtoolkit.recompute.plan import RecomputePlan
 
     levels, alive, saved, cost = _arrays(costs)
+    low, high = costs.recompute_time_spread_s
     names = list(costs.blocks)
     candidates = pd.DataFrame(
         {
@@ -256,6 +257,8 @@ def _plan(
             "module": list(costs.modules),
             "saved_bytes": [int(s) for s in saved],
             "recompute_time_s": [float(c) for c in cost],
+            "recompute_time_p25_s": [float(c) for c in low],
+            "recompute_time_p75_s": [float(c) for c in high],
             "forward_time_s": [float(f) for f in costs.forward_time_s],
             "chosen": [i in chosen for i in range(len(names))],
         }
@@ -264,12 +267,17 @@ def _plan(
         {
             "predicted_peak_bytes": predict_peak(levels, alive, saved, plan, fixed_bytes=fixed_bytes),
             "predicted_overhead_s": float(sum(cost[i] for i in plan)),
+            "predicted_overhead_p25_s": float(sum(low[i] for i in plan)),
+            "predicted_overhead_p75_s": float(sum(high[i] for i in plan)),
             "n_blocks": len(plan),
             "blocks": ",".join(names[i] for i in sorted(plan)),
         }
         for plan in front
     ]
-    columns = ["predicted_peak_bytes", "predicted_overhead_s", "n_blocks", "blocks"]
+    columns = [
+        "predicted_peak_bytes", "predicted_overhead_s", "predicted_overhead_p25_s",
+        "predicted_overhead_p75_s", "n_blocks", "blocks",
+    ]
     tradeoff = pd.DataFrame(rows, columns=columns)
     phases = pd.DataFrame(
         {
@@ -283,6 +291,8 @@ def _plan(
         budget_bytes=int(budget),
         predicted_peak_bytes=predict_peak(levels, alive, saved, chosen, fixed_bytes=fixed_bytes),
         predicted_overhead_s=float(sum(cost[i] for i in chosen)),
+        predicted_overhead_p25_s=float(sum(low[i] for i in chosen)),
+        predicted_overhead_p75_s=float(sum(high[i] for i in chosen)),
         baseline_peak_bytes=int(fixed_bytes) + int(costs.baseline_peak_bytes or 0),
         baseline_step_time_s=float(costs.baseline_step_time_s),
         candidates=candidates,

@@ -20,3 +20,13 @@ def one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def short_timing_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recompute planner's extra timing rounds (while its costs are imprecise) stop after 2 s
+    here instead of 20: these tests check choices and displays, not the costs' precision, and
+    the CI's 2 cores are shared."""
+    from nbtoolkit.recompute import recompute_timing
+
+    monkeypatch.setattr(recompute_timing, "TIME_LIMIT_S", 2.0)
