@@ -17,10 +17,14 @@ run() {
     "$@"
   fi
 }
+# No widget state in the executed notebooks: with it, nbconvert's HTML draws each widget with
+# JavaScript fetched from unpkg (nothing shows offline, and nbtoolkit's widgets need their kernel
+# anyway); without it, the HTML shows the static form every nbtoolkit widget and figure carries.
 for nb in notebooks/[0-9]*.ipynb; do
   name=$(basename "$nb" .ipynb)
   echo "[demo] executing $nb"
   run jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
+      --ExecutePreprocessor.store_widget_state=False \
       --output-dir out/notebooks "$nb" >/dev/null
   jupyter nbconvert --to html --output-dir out/html "out/notebooks/$name.ipynb" >/dev/null
 done
