@@ -4,8 +4,8 @@ Every figure function of the package returns a :class:`StaticFigure`, a plotly `
 (everything plotly offers works on it) whose display carries, beside plotly's own JSON
 (``application/vnd.plotly.v1+json``: JupyterLab, Notebook 7 and VS Code draw it interactively),
 a ``text/html`` static picture: an inline SVG drawn by :mod:`nbtoolkit.core.figure_svg`. nbconvert's
-HTML export, GitHub's notebook view, nbviewer and a notebook opened without its kernel show that
-picture; the live front ends rank plotly's JSON first and stay interactive.
+HTML export, GitHub's notebook view, nbviewer and any front end without plotly's renderer show that
+picture; the front ends that have one rank plotly's JSON first and stay interactive.
 
 Why an SVG drawn here and not one of plotly's own static forms:
 
