@@ -77,6 +77,7 @@ def figure_svg(figure: Any) -> str:
         drawn = mark.svg(canvas)
         pair = (mark.xref, mark.yref)
         body.append(f"<g clip-path='url(#{clips[pair]})'>{drawn}</g>" if pair in clips and drawn else drawn)
+        body.append(mark.svg_outside(canvas))
     body += [_shape(s, canvas, clips) for s in shapes if s.get("layer") != "below"]
     body += [_axis_labels(axis, axes) for axis in axes.values()]
     body += [_annotation(a, canvas) for a in layout.get("annotations") or []]

@@ -77,10 +77,7 @@ class HeatmapMark(Mark):
         if not self.z.size or not len(x) or not len(y):
             return ""
         z = self.z[: len(y), : len(x)]
-        finite = z[np.isfinite(z)]
-        zmin, zmax = self.trace.get("zmin"), self.trace.get("zmax")
-        lo = float(zmin) if zmin is not None else float(finite.min()) if finite.size else 0.0
-        hi = float(zmax) if zmax is not None else float(finite.max()) if finite.size else 1.0
+        lo, hi = self._range()
         scale, reverse = self.trace.get("colorscale"), bool(self.trace.get("reversescale"))
         xa, ya = canvas.axis(self.xref), canvas.axis(self.yref)
         x0, x1 = (float(v) for v in xa.px(np.array(self._edges(x))))
@@ -93,10 +90,21 @@ class HeatmapMark(Mark):
             f"<image x='{left:.1f}' y='{top:.1f}' width='{abs(x1 - x0):.1f}' height='{abs(y1 - y0):.1f}' "
             f"preserveAspectRatio='none' style='image-rendering:pixelated' href='{uri}'/>"
         )
-        out = [image_tag]
-        if self.right_px:
-            out.append(self._colour_bar(canvas, scale, reverse, lo, hi))
-        return "".join(out)
+        return image_tag
+
+    def _range(self) -> tuple[float, float]:
+        finite = self.z[np.isfinite(self.z)]
+        zmin, zmax = self.trace.get("zmin"), self.trace.get("zmax")
+        lo = float(zmin) if zmin is not None else float(finite.min()) if finite.size else 0.0
+        hi = float(zmax) if zmax is not None else float(finite.max()) if finite.size else 1.0
+        return lo, hi
+
+    def svg_outside(self, canvas: Canvas) -> str:
+        if not self.right_px or not self.z.size:
+            return ""
+        lo, hi = self._range()
+        scale, reverse = self.trace.get("colorscale"), bool(self.trace.get("reversescale"))
+        return self._colour_bar(canvas, scale, reverse, lo, hi)
 
     def _colour_bar(self, canvas: Canvas, scale: Any, reverse: bool, lo: float, hi: float) -> str:
         ramp = apply_colorscale(np.linspace(hi, lo, 64).reshape(64, 1), scale, lo, hi, reverse=reverse)

@@ -129,4 +129,9 @@ class Mark:
         """Tell the axes which range this mark needs."""
 
     def svg(self, canvas: Canvas) -> str:
+        """What it draws inside its subplot (clipped to it)."""
         raise NotImplementedError
+
+    def svg_outside(self, canvas: Canvas) -> str:
+        """What it draws beside the plot (a colour bar), not clipped."""
+        return ""

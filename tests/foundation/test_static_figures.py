@@ -78,8 +78,10 @@ def test_heatmap_cells_follow_the_axes(reversed_rows: bool) -> None:
     fig = StaticFigure(go.Heatmap(z=[[0, 1], [2, 3]], x=["s0", "s1"], y=["r0", "r1"], colorscale="Greys"))
     if reversed_rows:
         fig.update_yaxes(autorange="reversed")
-    image = _png(figure_svg(fig))
+    svg = figure_svg(fig)
+    image = _png(svg)
     assert image.shape == (2, 2, 4)  # a pixel per cell
+    assert _png(svg, 1).shape == (64, 1, 4) and "</g><image" in svg  # the colour bar, outside the clip
     brightness = image[..., 0].astype(int)
     top_row = 0 if reversed_rows else 1  # the image's top row is the data's last row unless reversed
     assert (brightness[0, 0] > brightness[0, 1]) and (brightness[1, 0] > brightness[1, 1])  # x: 0 then 1
