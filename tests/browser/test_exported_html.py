@@ -5,8 +5,9 @@ exported page (issue 39): an SVG or image with something drawn in it, visible on
 nbconvert would otherwise print nothing ("not able to be represented"). The page is opened with
 the network cut (every non-file request aborted), as a reader offline or behind a proxy sees it.
 
-- a notebook written here runs in a real kernel (nbclient, as ``make demo`` does: no widget
-  state saved) with every magic that draws: ``%nbt trace`` (static and widget), ``%%nbt memory``
+- a notebook written here runs in a real kernel (nbclient, as ``make demo`` runs the
+  walkthroughs, and exported as it exports them: without the saved widget state, which would
+  make nbconvert's page fetch widget JavaScript from a CDN) with every magic that draws: ``%nbt trace`` (static and widget), ``%%nbt memory``
   (static and widget), figures in cells, the timeline widget and the graph-break explorer;
 - the walkthroughs ``make demo`` executed and exported (out/notebooks, out/html), when present.
 
@@ -104,8 +105,11 @@ def _pictures_expected(notebook: Any) -> list[list[str]]:
 
 
 def _export(notebook: Any, folder: Path, name: str) -> Path:
-    """nbconvert's HTML of ``notebook``, with no 'not able to be represented' output allowed."""
+    """nbconvert's HTML of ``notebook`` as ``make demo`` writes it (no widget state), with no
+    'not able to be represented' output allowed."""
     from nbconvert import HTMLExporter
+
+    notebook.metadata.pop("widgets", None)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -161,7 +165,7 @@ def test_magics_figures_and_widgets_show_in_exported_html(chromium: str, tmp_pat
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
     env_widgets = os.environ.pop("NBT_WIDGETS", None)  # the kernel decides as nbconvert's would
     try:
-        NotebookClient(notebook, timeout=600, kernel_name="python3", store_widget_state=False,
+        NotebookClient(notebook, timeout=600, kernel_name="python3",
                        resources={"metadata": {"path": str(tmp_path)}}).execute()  # fmt: skip
     finally:
         if env_widgets is not None:
