@@ -65,6 +65,14 @@ def is_categorical(values: np.ndarray) -> bool:
     return any(not _is_number(v) for v in values.tolist())
 
 
+def _decimals(step: float, limit: int) -> int:
+    """The fewest decimals that write ``step`` exactly (2.5 needs one, 0.25 two), at most ``limit``."""
+    for decimals in range(limit + 1):
+        if abs(round(step, decimals) - step) <= abs(step) * 1e-6:
+            return decimals
+    return limit
+
+
 def format_number(value: float, step: float) -> str:
     """A tick label: as many decimals as ``step`` needs, SI suffixes past ten thousand."""
     if value == 0:
@@ -73,12 +81,10 @@ def format_number(value: float, step: float) -> str:
     if magnitude >= 1e4:
         for divisor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
             if magnitude >= divisor:
-                decimals = max(0, -math.floor(math.log10(step / divisor) + 1e-9)) if step < divisor else 0
-                return f"{value / divisor:.{min(decimals, 3)}f}{suffix}"
+                return f"{value / divisor:.{_decimals(step / divisor, 3)}f}{suffix}"
     if magnitude < 1e-4:
         return f"{value:.0e}"
-    decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step > 0 else 2
-    return f"{value:.{min(decimals, 6)}f}"
+    return f"{value:.{_decimals(step, 6) if step > 0 else 2}f}"
 
 
 def _nice_step(span: float, count: float) -> float:
