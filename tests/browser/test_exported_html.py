@@ -7,8 +7,9 @@ the network cut (every non-file request aborted), as a reader offline or behind 
 
 - a notebook written here runs in a real kernel (nbclient, as ``make demo`` runs the
   walkthroughs, and exported as it exports them: without the saved widget state, which would
-  make nbconvert's page fetch widget JavaScript from a CDN) with every magic that draws: ``%nbt trace`` (static and widget), ``%%nbt memory``
-  (static and widget), figures in cells, the timeline widget and the graph-break explorer;
+  make nbconvert's page fetch widget JavaScript from a CDN) with every magic that draws:
+  ``%nbt trace`` and ``%%nbt memory`` (static and widget), figures in cells, the timeline widget
+  and the graph-break explorer;
 - the walkthroughs ``make demo`` executed and exported (out/notebooks, out/html), when present.
 
 Screenshots are kept in out/browser/ for a person.
