@@ -10,7 +10,7 @@ picture; the front ends that have one rank plotly's JSON first and stay interact
 Why an SVG drawn here and not one of plotly's own static forms:
 
 - plotly's ``text/html`` needs plotly.js: loaded from a CDN (no figure offline), or inlined, about
-  4.6 MB. Once per figure, a notebook of 10 figures grows by 46 MB; once per notebook, the
+  4.8 MB. Once per figure, a notebook of 10 figures grows by 48 MB; once per notebook, the
   figures depend on the one output that carries the library (cleared or re-run out of order, they
   all go blank), and every notebook still grows by megabytes.
 - kaleido (plotly's SVG/PNG export) drives a Chrome the user's machine may not have, and starts
