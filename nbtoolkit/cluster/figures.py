@@ -39,8 +39,11 @@ def sweep_figure(table: Any, *, title: str = "ZeRO configurations") -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     labels = [str(c) for c in table["config"]]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)", "peak memory per rank (MB)"))
+    titles = ("time per step (ms)", "peak memory per rank (MB)")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, figure=StaticFigure())
     fig.add_trace(go.Bar(name="step time", x=labels, y=table["step_time_ms"], marker_color="#1565c0"), 1, 1)
     if "exposed_comm_ms" in table and table["exposed_comm_ms"].notna().any():
         fig.add_trace(

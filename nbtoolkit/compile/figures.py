@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "break_detail_html",
     "compile_time_chart",
+    "explorer_static_html",
     "fx_code_html",
     "graph_break_explorer",
     "graph_code_view",
@@ -139,10 +140,13 @@ def graph_break_explorer(report: GraphReport) -> Any:
     """An ipywidgets explorer: the ranked break table, a selector, and the selected break's details."""
     import ipywidgets as widgets
 
+    from nbtoolkit.core.widget_static import static_vbox
+
     summary = report.break_summary()
     header = widgets.HTML(report._html())
     if summary.empty:
-        return widgets.VBox([header, widgets.HTML("<p>No graph breaks.</p>")])
+        no_breaks = [header, widgets.HTML("<p>No graph breaks.</p>")]
+        return static_vbox(no_breaks, lambda: explorer_static_html(report))
     options = []
     for i, row in summary.iterrows():
         cost = row["eager_us_per_step"]
@@ -157,18 +161,46 @@ def graph_break_explorer(report: GraphReport) -> Any:
         detail.value = break_detail_html(report, summary.iloc[int(change["new"])])
 
     select.observe(show, names="value")
-    box = widgets.VBox([header, widgets.HTML("<b>Select a break:</b>"), select, detail])
+    box = static_vbox(
+        [header, widgets.HTML("<b>Select a break:</b>"), select, detail],
+        lambda: explorer_static_html(report, selected=int(select.value)),
+    )
     box.nbt_select = select  # handles for tests and scripts
     box.nbt_detail = detail
     return box
+
+
+_STATIC_BREAKS = 30  # breaks written out in the explorer's static form; the rest are counted
+
+
+def explorer_static_html(report: GraphReport, *, selected: int = 0) -> str:
+    """The explorer without a kernel: the report, then every break's details (the selected one open)."""
+    summary = report.break_summary()
+    if summary.empty:
+        return f"<div class='nbt-explorer-static'>{report._html()}<p>No graph breaks.</p></div>"
+    parts = [
+        f"<div class='nbt-explorer-static'>{report._html()}<p><b>Graph breaks</b> (most costly first)</p>"
+    ]
+    for position, (_, row) in enumerate(summary.head(_STATIC_BREAKS).iterrows()):
+        where = f"{_short(row['user_file'])}:{row['user_line']}"
+        label = f"{row['count']}× {row['gb_type']} @ {where}"
+        opened = " open" if position == selected else ""
+        parts.append(
+            f"<details{opened}><summary>{escape(label)}</summary>{break_detail_html(report, row)}</details>"
+        )
+    if len(summary) > _STATIC_BREAKS:
+        parts.append(f"<p><i>{len(summary) - _STATIC_BREAKS} more breaks: see report.break_summary()</i></p>")
+    return "".join(parts) + "</div>"
 
 
 def graph_code_view(report: GraphReport) -> Any:
     """A dropdown of the report's graphs showing the selected graph's FX code."""
     import ipywidgets as widgets
 
+    from nbtoolkit.core.widget_static import static_vbox
+
     if report.graphs.empty:
-        return widgets.HTML("<p>No graphs.</p>")
+        return static_vbox([widgets.HTML("<p>No graphs.</p>")], lambda: "<p>No graphs.</p>")
     options = [
         (f"graph {int(r.graph)} [{r.compile_id}] {r.function} ({r.op_count} ops)", int(r.graph))
         for r in report.graphs.itertuples(index=False)
@@ -180,7 +212,7 @@ def graph_code_view(report: GraphReport) -> Any:
         code.value = fx_code_html(report, int(change["new"]))
 
     dropdown.observe(show, names="value")
-    box = widgets.VBox([dropdown, code])
+    box = static_vbox([dropdown, code], lambda: _graphs_static_html(report, selected=int(dropdown.value)))
     box.nbt_dropdown = dropdown
     box.nbt_code = code
     return box
@@ -190,8 +222,10 @@ def compile_time_chart(report: GraphReport) -> Any:
     """Plotly bar chart: whole-frame compile time (ms) of each compile, coloured by tlparse's status."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     compiles = report.compiles
-    fig = go.Figure()
+    fig = StaticFigure()
     if compiles.empty:
         fig.update_layout(title="No compiles recorded")
         return fig
@@ -237,3 +271,19 @@ def summary_table_html(report: GraphReport) -> str:
     summary = report.break_summary()
     cols = ["count", "gb_type", "user_line", "source_line", "eager_us_per_step", "fix"]
     return html_table(summary[cols]) if not summary.empty else "<p>No graph breaks.</p>"
+
+
+def _graphs_static_html(report: GraphReport, *, selected: int) -> str:
+    """The code view without a kernel: each graph's FX code folded, the selected graph's open."""
+    parts = []
+    for row in report.graphs.head(_STATIC_BREAKS).itertuples(index=False):
+        graph = int(row.graph)
+        opened = " open" if graph == selected else ""
+        label = f"graph {graph} [{row.compile_id}] {row.function} ({row.op_count} ops)"
+        parts.append(
+            f"<details{opened}><summary>{escape(label)}</summary>{fx_code_html(report, graph)}</details>"
+        )
+    more = len(report.graphs) - _STATIC_BREAKS
+    if more > 0:
+        parts.append(f"<p><i>{more} more graphs: see report.graphs</i></p>")
+    return "<div class='nbt-graphs-static'>" + "".join(parts) + "</div>"

@@ -130,6 +130,7 @@ def timeline_figure(
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from nbtoolkit.core.static_figure import StaticFigure
     from nbtoolkit.core.units import format_bytes
     from nbtoolkit.memory.schema import CATEGORIES
     from nbtoolkit.memory.timeline_analysis import category_series, decimate, module_spans, phase_spans
@@ -154,10 +155,11 @@ def timeline_figure(
     show_modules = spans is not None and len(spans) > 0
     if show_modules:
         figure = make_subplots(
-            rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04
+            rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25], vertical_spacing=0.04,
+            figure=StaticFigure(),
         )
     else:
-        figure = go.Figure()
+        figure = StaticFigure()
     row: dict[str, int] = {"row": 1, "col": 1} if show_modules else {}
 
     present = [c for c in CATEGORIES if c in series and np.any(series[c].to_numpy() != 0)]
@@ -299,6 +301,7 @@ def module_figure(
     """
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
     from nbtoolkit.core.units import format_bytes
     from nbtoolkit.memory.schema import CATEGORIES
 
@@ -307,7 +310,7 @@ def module_figure(
         table = table[table["module"] != "(no module)"]
     table = table.head(top).iloc[::-1]
     divisor, unit = _scale(float(table["at_peak_bytes"].max()) if len(table) else 0.0)
-    figure = go.Figure()
+    figure = StaticFigure()
     for category in CATEGORIES:
         column = f"{category}_at_peak_bytes"
         if column not in table or not (table[column] > 0).any():
@@ -369,6 +372,7 @@ def segment_figure(snapshot: MemorySnapshot, *, max_segments: int = 200) -> go.F
     """
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
     from nbtoolkit.core.units import format_bytes
 
     summary = snapshot.segment_summary().sort_values("reserved", ascending=True, kind="stable")
@@ -378,7 +382,7 @@ def segment_figure(snapshot: MemorySnapshot, *, max_segments: int = 200) -> go.F
         f"seg {s} (dev {d}, {t})"
         for s, d, t in zip(shown["segment"], shown["device"], shown["segment_type"], strict=True)
     ]
-    figure = go.Figure()
+    figure = StaticFigure()
     for column, name, color in (
         ("allocated", "allocated", "indianred"),
         ("free_internal", "free: rounding", "orange"),
@@ -474,10 +478,13 @@ def _totals_and_peaks_figure(
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from nbtoolkit.core.static_figure import StaticFigure
     from nbtoolkit.memory.timeline_analysis import category_series, decimate
 
     divisor, unit = _scale(float(max((t.peak_bytes for t, _, _ in runs), default=0)))
-    figure = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], subplot_titles=titles)
+    figure = make_subplots(
+        rows=1, cols=2, column_widths=[0.6, 0.4], subplot_titles=titles, figure=StaticFigure()
+    )
     for timeline, label, color in runs:
         series = decimate(category_series(timeline.events), max_points=max_points)
         figure.add_trace(

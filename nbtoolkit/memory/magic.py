@@ -1,10 +1,16 @@
 """``%%nbt memory`` and ``%nbt snapshot``: one call of the memory API each.
 
-Each shows what a script calling that function gets: the MemoryTimeline or MemorySnapshot
-and its summary. Their figures are one call away (``_nbt.figure()``) and in ``%nbt report``.
-In a widget front end (see :mod:`nbtoolkit.core.magic_display`; ``--widget`` /
-``--static`` decide per call) the zoomable memory widget shows above the summary and is kept
-as ``NAME_widget`` (``_nbt_widget`` by default) so that ``_nbt_widget.selected`` reads a click.
+Each returns what a script calling that function gets: the MemoryTimeline or MemorySnapshot,
+shown as its summary. Above the summary the memory timeline is drawn (a snapshot's only when it
+recorded its allocation history):
+
+- in a widget front end (see :mod:`nbtoolkit.core.magic_display`; ``--widget`` / ``--static``
+  decide per call) as the zoomable memory widget, kept as ``NAME_widget`` (``_nbt_widget`` by
+  default) so that ``_nbt_widget.selected`` reads a click;
+- elsewhere (nbconvert, nbval, a terminal) as the timeline's figure, whose display carries a
+  static SVG for exported HTML (:mod:`nbtoolkit.core.static_figure`); ``--no-figure`` leaves it out.
+
+The figures are also one call away (``_nbt.figure()``) and in ``%nbt report``.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ from typing import Any
 from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
 
-# Accepted so that old cells still run: the magics show no figure of their own any more.
-_NO_FIGURE = Argument("--no-figure", action="store_true", help=argparse.SUPPRESS)
+_NO_FIGURE = Argument(
+    "--no-figure",
+    action="store_true",
+    help="no static timeline figure (shown outside widget front ends): only the summary",
+)
 
 
 def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
@@ -26,7 +35,7 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
     with DelayedProgress(f"recording the cell's memory (runs: {args.steps or 1})", delay_s=CELL_DELAY_S):
         timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
-    _show_memory_widget(args, call, timeline)
+    _show_memory_timeline(args, call, timeline)
     return timeline
 
 
@@ -40,7 +49,7 @@ def _snapshot(args: argparse.Namespace, call: MagicCall) -> Any:
         history=not args.no_history,
     )
     if len(snapshot.trace):  # a snapshot without allocation history has no timeline to show
-        _show_memory_widget(args, call, snapshot)
+        _show_memory_timeline(args, call, snapshot)
     return snapshot
 
 
@@ -62,17 +71,22 @@ def _time_range(text: str | None) -> tuple[float | None, float | None] | None:
         ) from None
 
 
-def _show_memory_widget(args: argparse.Namespace, call: MagicCall, source: Any) -> None:
-    """In a widget front end, show the memory widget above the summary and keep it as NAME_widget."""
-    if not show_widget(args):
-        return
+def _show_memory_timeline(args: argparse.Namespace, call: MagicCall, source: Any) -> None:
+    """Above the summary: the memory widget (kept as NAME_widget), else the static figure."""
     from IPython.display import display
 
-    from nbtoolkit.memory.timeline_widget import memory_widget
+    if show_widget(args):
+        from nbtoolkit.memory.timeline_widget import memory_widget
 
-    widget = memory_widget(source)
-    call.user_ns[f"{args.name}_widget"] = widget
-    display(widget)
+        widget = memory_widget(source)
+        call.user_ns[f"{args.name}_widget"] = widget
+        display(widget)
+    elif not args.no_figure:
+        from nbtoolkit.memory.timeline import MemoryTimeline
+
+        timeline = source if isinstance(source, MemoryTimeline) else source.timeline()
+        if len(timeline.events):
+            display(timeline.figure())
 
 
 register(

@@ -97,8 +97,10 @@ def peak_icicle(peak: PeakStack, *, max_stacks: int = 40, max_depth: int = 16) -
     """The bytes alive at the peak as an icicle of their stacks (outermost call at the top)."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     nodes = icicle_nodes(peak.by_stack, max_stacks=max_stacks, max_depth=max_depth)
-    figure = go.Figure(
+    figure = StaticFigure(
         go.Icicle(
             ids=nodes["ids"],
             labels=[escape(label) for label in nodes["labels"]],
@@ -129,9 +131,12 @@ def diff_figure(diff: MemoryDiff, *, top_stacks: int = 12) -> go.Figure:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     a, b = diff.labels
     figure = make_subplots(
-        rows=1, cols=2, column_widths=[0.4, 0.6], subplot_titles=("by category, at the peak", "by stack")
+        rows=1, cols=2, column_widths=[0.4, 0.6], subplot_titles=("by category, at the peak", "by stack"),
+        figure=StaticFigure(),
     )
     cats = diff.by_category
     figure.add_trace(
@@ -175,9 +180,11 @@ def imbalance_figure(report: MemoryImbalance) -> go.Figure:
     """Each rank's peak stacked by category; the top rank and the category that differs marked."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     peaks = report.peaks
     ranks = [f"rank {r}" for r in peaks["rank"]]
-    figure = go.Figure()
+    figure = StaticFigure()
     for column in [c for c in peaks.columns if c not in ("rank", "peak_bytes")]:
         category = column.removesuffix("_bytes")
         differing = category == report.category

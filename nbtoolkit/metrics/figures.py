@@ -29,6 +29,8 @@ def mfu_chart(
     """
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     if isinstance(runs, StepMetrics):
         runs = [("step", runs)]
     frame = metrics_frame(runs)  # raises NbtUsageError for an empty or malformed list
@@ -44,7 +46,7 @@ def mfu_chart(
             frame["step_time_s"], strict=True,
         )
     ]
-    figure = go.Figure()
+    figure = StaticFigure()
     figure.add_trace(go.Bar(
         name="MFU",
         x=labels,

@@ -40,10 +40,12 @@ def tradeoff_figure(plan: TradeoffPlan, *, budget_bytes: float | None = None) ->
     """
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     front = plan.tradeoff
     budget = plan.budget_bytes if budget_bytes is None else budget_bytes
     best = plan.best_for(budget)
-    fig = go.Figure()
+    fig = StaticFigure()
     fig.add_trace(
         go.Scatter(
             x=[v * 1e3 for v in front["predicted_overhead_s"]],

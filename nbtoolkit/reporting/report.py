@@ -80,7 +80,8 @@ def _section_html(obj: Any) -> str:
 
 
 def _is_plotly_figure(obj: Any) -> bool:
-    return type(obj).__module__.startswith("plotly.") and hasattr(obj, "to_html")
+    """A plotly figure, nbtoolkit's own (a StaticFigure, defined outside plotly) included."""
+    return any(cls.__module__.startswith("plotly.") for cls in type(obj).__mro__) and hasattr(obj, "to_html")
 
 
 def _figures_of(obj: Any) -> list[Any]:

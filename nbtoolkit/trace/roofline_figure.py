@@ -31,8 +31,10 @@ def roofline_figure(roof: Roofline) -> Any:
     """The roofline chart of ``roof`` (see the module docstring)."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     table = roof.by_class[(roof.by_class["flops"] > 0) & (roof.by_class["bytes"] > 0)]
-    fig = go.Figure()
+    fig = StaticFigure()
     if not len(table):
         fig.update_layout(title="Roofline: no op with FLOPs and bytes (record with record_shapes=True)")
         return fig

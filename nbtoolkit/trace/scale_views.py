@@ -91,8 +91,10 @@ def rank_step_heatmap(summary: ScaleSummary, value: HeatmapValue = "exposed_comm
     """Rank x step heatmap of ``value`` (exposed communication by default)."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     table = rank_step_table(summary, value)
-    fig = go.Figure(
+    fig = StaticFigure(
         go.Heatmap(
             z=table.to_numpy(),
             x=[f"step {s}" for s in table.columns],
@@ -115,8 +117,10 @@ def overlap_distribution(summary: ScaleSummary) -> Any:
     """Histogram of the ranks' overlap % (ranks without communication left out), median marked."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     pct = summary.overlap["overlap_pct"].dropna()
-    fig = go.Figure(go.Histogram(x=pct, nbinsx=min(50, max(10, len(pct) // 4)), marker_color="#4C78A8"))
+    fig = StaticFigure(go.Histogram(x=pct, nbinsx=min(50, max(10, len(pct) // 4)), marker_color="#4C78A8"))
     if len(pct):
         fig.add_vline(x=float(pct.median()), line_dash="dash", annotation_text=f"median {pct.median():.1f} %")
     fig.update_layout(
@@ -133,9 +137,11 @@ def straggler_ranking(summary: ScaleSummary, *, top: int = 4) -> Any:
     """Bars of work time per rank (``nbt.stragglers``), slowest first; the top ``top`` in red."""
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     table = summary.stragglers().table.sort_values("work_ms", ascending=False, ignore_index=True)
     colours = ["#E45756" if i < top else "#9D9D9D" for i in range(len(table))]
-    fig = go.Figure(
+    fig = StaticFigure(
         go.Bar(
             x=[str(r) for r in table["rank"]],
             y=table["work_ms"],

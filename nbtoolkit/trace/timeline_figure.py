@@ -128,6 +128,8 @@ def timeline(trace: TimelineTrace, *, ranks: list[int] | None = None, resolution
     """
     import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
+
     chosen = list(ranks) if ranks is not None else trace.ranks[:16]
     unknown = [r for r in chosen if r not in trace.events]
     if unknown:
@@ -139,7 +141,7 @@ def timeline(trace: TimelineTrace, *, ranks: list[int] | None = None, resolution
         )
     lanes = [lane for r in chosen for lane in _lanes(trace, r)]
     if not lanes:
-        return go.Figure()
+        return StaticFigure()
     origin = min(float(lane[2].min()) for lane in lanes)
     span = max(float(lane[3].max()) for lane in lanes) - origin
     gap = span / max(resolution, 1)
@@ -157,7 +159,7 @@ def timeline(trace: TimelineTrace, *, ranks: list[int] | None = None, resolution
             xs += [a, b, None]  # type: ignore[list-item]  # None breaks the line between segments
             ys += [y, y, None]  # type: ignore[list-item]
             hover += [t, t, ""]
-    fig = go.Figure()
+    fig = StaticFigure()
     for kind in ("compute", "communication", "memory", "other", "host"):
         if kind in segments:
             xs, ys, hover = segments[kind]

@@ -30,14 +30,14 @@ __all__ = ["TraceReport", "overlap_chart"]
 
 def overlap_chart(trace_or_overlap: Trace | pd.DataFrame) -> Any:
     """Bar chart per rank: communication hidden behind compute vs exposed (ms), overlap % on top."""
-    import plotly.graph_objects as go
 
+    from nbtoolkit.core.static_figure import StaticFigure
     from nbtoolkit.trace.overlap import comm_comp_overlap
     from nbtoolkit.trace.trace import Trace
 
     overlap = comm_comp_overlap(trace_or_overlap) if isinstance(trace_or_overlap, Trace) else trace_or_overlap
     ranks = [f"rank {r}" for r in overlap["rank"]]
-    fig = go.Figure()
+    fig = StaticFigure()
     fig.add_bar(
         x=ranks, y=overlap["overlap_time_us"] / 1e3, name="hidden behind compute", marker_color="#54A24B"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,22 @@ def test_explorer_shows_ranked_breaks_and_escapes_user_source(evil_report: Graph
     assert "capture_scalar_outputs" in page  # the fix of the .item() break
     assert "graph before the break" in page and "class GraphModule" in page
     assert "https://meta-pytorch.github.io/compile-graph-break-site/gb/gb" in page
+
+
+def test_explorer_and_code_view_carry_a_static_form_beside_the_widget(evil_report: GraphReport) -> None:
+    """Without a kernel (nbconvert's HTML, a reopened notebook) the bundle's text/html shows: every
+    break with its details, the one selected when it was displayed open; every graph's code."""
+    box = graph_break_explorer(evil_report)
+    box.nbt_select.value = box.nbt_select.options[1][1]
+    data = box._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    html = data["text/html"]
+    assert html.count("<details") >= len(box.nbt_select.options)
+    opened = re.findall(r"<details open><summary>([^<]*)</summary>", html)
+    assert len(opened) == 1 and box.nbt_select.options[1][0].split(" @ ")[0] in opened[0]
+    assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    code = graph_code_view(evil_report)._repr_mimebundle_()["text/html"]
+    assert code.count("class GraphModule") == len(evil_report.graphs)
 
 
 def test_report_html_escapes_and_text_has_units(evil_report: GraphReport) -> None:

@@ -77,9 +77,10 @@ class ZeroRecompute(Result):
 
     def figure(self) -> Any:
         """Blocks chosen against the budget, one line per stage; measured peaks against the budget."""
+        from nbtoolkit.core.static_figure import static_figure
         from nbtoolkit.recompute.panel import zero_recompute_figure
 
-        return zero_recompute_figure(self.table)
+        return static_figure(zero_recompute_figure(self.table))
 
     def _shown(self) -> pd.DataFrame:
         frame = self.table.copy()
