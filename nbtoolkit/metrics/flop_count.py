@@ -176,6 +176,11 @@ def _make_counter() -> Any:
             f"torch {torch.__version__}'s FlopCounterMode has no _count_flops hook, which nbtoolkit uses to "
             "split FLOPs by phase: use torch 2.4 or newer"
         )
+    if not (hasattr(torch._C, "_current_autograd_node") and hasattr(torch._C._autograd, "_get_sequence_nr")):
+        raise MetricsError(
+            f"torch {torch.__version__} does not tell which autograd node is running, which nbtoolkit uses "
+            "to bill backward FLOPs to modules: use torch 2.4 or newer"
+        )
 
     class PhaseFlopCounter(FlopCounterMode):
         """FlopCounterMode that also files each op's FLOPs under forward/backward/recompute."""
