@@ -70,7 +70,7 @@ class MeasuredPeak:
         window: the CPU conditions of the attempt that gave the best product.
         measured_at: ``time.time()`` of that attempt.
         together_with: the other dtypes measured in the same trials.
-        patience_s: how long busy attempts were retried.
+        spent_s: seconds from the first attempt to the end of the last.
     """
 
     dtype: str
@@ -82,7 +82,7 @@ class MeasuredPeak:
     window: CpuWindow
     measured_at: float
     together_with: tuple[str, ...] = ()
-    patience_s: float = PEAK_PATIENCE_S
+    spent_s: float = 0.0
 
     @property
     def busy(self) -> bool:
@@ -101,9 +101,10 @@ class MeasuredPeak:
             text += f" together with {', '.join(self.together_with)}"
         text += f"; {self.window.describe()}"
         if self.busy:
+            plural = "s" if self.attempts != 1 else ""
             text += (
-                f"; the machine stayed busy for the {self.patience_s:.0f} s it waited, so this peak is low "
-                "and MFU high"
+                f"; the machine stayed busy through {self.attempts} attempt{plural} over "
+                f"{self.spent_s:.1f} s, so this peak is low and MFU high"
             )
         return text
 
@@ -206,6 +207,7 @@ def _measure(dtypes: Iterable[str], *, patience_s: float) -> dict[str, MeasuredP
         if time.perf_counter() - started + BUSY_PAUSE_S + window.wall_s > patience_s:
             break
         time.sleep(BUSY_PAUSE_S)
+    spent = time.perf_counter() - started
     measured = {}
     for o in operands:
         seconds, window, at = best[o.dtype]
@@ -219,7 +221,7 @@ def _measure(dtypes: Iterable[str], *, patience_s: float) -> dict[str, MeasuredP
             window=window,
             measured_at=at,
             together_with=tuple(other.dtype for other in operands if other.dtype != o.dtype),
-            patience_s=patience_s,
+            spent_s=spent,
         )
     return measured
 
