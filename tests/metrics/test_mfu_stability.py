@@ -4,9 +4,12 @@ own peak, as a fresh session would), stays within ±15% of the median and never 
 A CPU shared with other jobs makes every wall-clock timing slow by their share, the peak's
 and the step's alike, and no measurement can undo that: nbtoolkit watches for it (measures
 again, waits, and says so in the peak's source and the notes; tested with a real competing
-process in test_cpu_peak.py). So the five runs stop at the first one nbtoolkit itself
-reports as measured on a busy machine, and the test is then skipped with what was measured;
-what is always checked is that no run shows an MFU above 100%.
+process in test_cpu_peak.py). This test asks whether the measurement is reproducible when the
+CPU is the step's, so the five runs run in a child process in a session of its own at the
+highest scheduling priority the OS grants (its autogroup's and its own nice value: -20 as
+root, unchanged otherwise). They stop at the first run nbtoolkit itself reports as measured
+on a busy machine all the same, and the test is then skipped with what was measured; what is
+always checked is that no run shows an MFU above 100%.
 """
 
 from __future__ import annotations
@@ -25,7 +28,19 @@ RUNS = 5
 
 SCRIPT = textwrap.dedent(
     """
-    import json
+    import json, os
+    priority = []
+    try:  # this session's autogroup: how the kernel shares the CPU between sessions
+        with open("/proc/self/autogroup", "w") as group:
+            group.write("-20")
+        priority.append("session nice -20")
+    except OSError:
+        pass
+    try:  # before torch starts its threads, which inherit it
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
+        priority.append("process nice -20")
+    except (OSError, AttributeError):
+        pass
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -53,12 +68,13 @@ SCRIPT = textwrap.dedent(
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
 
-        m = nbt.step_metrics(step, steps=7, warmup=2)
+        m = nbt.step_metrics(step, steps=9, warmup=3)
         busy = [note for note in m.notes if note.startswith("while the kept steps were timed")]
         if cpu_peak(m.dtype).busy:
             busy.append(m.peak_source)
         runs.append({{"mfu": m.mfu, "why": m.mfu_unavailable, "peak": m.peak_flops, "step_s": m.step_time_s,
-                     "source": m.peak_source, "notes": m.notes, "busy": busy}})
+                     "source": m.peak_source, "notes": m.notes, "busy": busy,
+                     "priority": ", ".join(priority) or "normal"}})
         if busy:
             break
     print(json.dumps(runs))
@@ -69,21 +85,21 @@ SCRIPT = textwrap.dedent(
 def test_mfu_of_the_same_step_is_stable_across_five_fresh_runs() -> None:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).resolve().parents[2], check=False)
+                          cwd=Path(__file__).resolve().parents[2], check=False, start_new_session=True)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(done.stdout.strip().splitlines()[-1])
     report = "\n".join(
         f"  run {i}: MFU {r['mfu']}, peak {r['peak'] / 1e9:.1f} GFLOP/s, step {1e3 * r['step_s']:.1f} ms; "
         f"{r['source']}; notes {r['notes']}"
         for i, r in enumerate(runs)
-    )
+    ) + f"\n  priority: {runs[0]['priority']}"
     # never above 100%, busy machine or not
     assert all(r["mfu"] is None or 0 < r["mfu"] <= 1.0 for r in runs), report
     assert all(r["mfu"] is not None or r["why"] for r in runs), report
     if runs[-1]["busy"]:
         pytest.skip(f"run {len(runs) - 1} of {RUNS} was measured while other processes kept this CPU busy, "
-                    f"as nbtoolkit reported: {runs[-1]['busy'][0][:300]}; MFUs of a shared CPU are not "
-                    "comparable, so their spread is not judged")
+                    f"as nbtoolkit reported: {runs[-1]['busy'][0][:300]} (priority: {runs[0]['priority']}); "
+                    "MFUs of a shared CPU are not comparable, so their spread is not judged")
     assert len(runs) == RUNS
     assert all(r["mfu"] is not None for r in runs), report  # a peak measured on a quiet machine holds
     mfus = [r["mfu"] for r in runs]
