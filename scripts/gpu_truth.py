@@ -518,12 +518,12 @@ def check_step_metrics(run: Run) -> Callable[[Check], None]:
             metrics.model_flops == 8 * 2 * n**3,
             f"counted {metrics.model_flops} FLOPs, expected {8 * 2 * n**3}",
         )
-        if run.cuda or (metrics.mfu is not None and metrics.mfu <= 1.0):
+        if run.cuda or metrics.mfu is not None:
             check.expect(
                 metrics.mfu is not None and 0 < metrics.mfu <= 1.0, f"MFU {metrics.mfu} outside (0, 100%]"
             )
-        else:  # the CPU peak is measured once, under whatever load there is (issue 39): recorded, not judged
-            check.remarks.append(f"MFU {metrics.mfu:.2f} above 100%: the CPU peak was measured under load")
+        else:  # a CPU peak measured while the machine was busy and beaten twice: no MFU, the reason instead
+            check.remarks.append(f"MFU not available: {metrics.mfu_unavailable}")
         if run.cuda:
             check.expect(
                 metrics.peak_source.startswith("table"),

@@ -100,9 +100,13 @@ DEVICE_PEAKS: tuple[tuple[str, DevicePeak], ...] = (
     # NVIDIA V100 datasheet, SXM2 column: FP32 15.7 TF, tensor (FP16) 125 TF.
     (r"v100", DevicePeak("NVIDIA V100 SXM2", {"fp32": 15.7 * T, "fp16": 125 * T},
                          "NVIDIA V100 datasheet")),
-    # NVIDIA L40S datasheet: FP32 91.6 TF, TF32 366 TF*, BF16/FP16 733 TF*.
-    (r"\bl40s\b", DevicePeak("NVIDIA L40S", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 366.5 * T,
-                                             "fp16": 366.5 * T}, "NVIDIA L40S datasheet")),
+    # NVIDIA L40S datasheet: FP32 91.6 TF, TF32 183 | 366* TF, BF16/FP16 362.05 | 733* TF (the
+    # datasheet gives the dense figure itself, a little under half the sparse one).
+    (r"\bl40s\b", DevicePeak("NVIDIA L40S", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362.05 * T,
+                                             "fp16": 362.05 * T}, "NVIDIA L40S datasheet")),
+    # NVIDIA L40 datasheet: FP32 90.5 TF, TF32 90.5 | 181* TF, BF16/FP16 181.05 | 362.1* TF.
+    (r"\bl40\b", DevicePeak("NVIDIA L40", {"fp32": 90.5 * T, "tf32": 90.5 * T, "bf16": 181.05 * T,
+                                           "fp16": 181.05 * T}, "NVIDIA L40 datasheet")),
     # NVIDIA L4 datasheet: FP32 30.3 TF, TF32 120 TF*, BF16/FP16 242 TF*.
     (r"\bl4\b", DevicePeak("NVIDIA L4", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T,
                                          "fp16": 121 * T}, "NVIDIA L4 datasheet")),

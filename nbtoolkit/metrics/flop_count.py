@@ -14,7 +14,10 @@ put in one phase:
   forward under ``torch.enable_grad()`` to rebuild the graph it frees.
 
 ``model_flops = forward + backward``; ``hardware_flops = forward + backward + recompute``.
-The same split is kept per module (torch's ``ModuleTracker`` names) and per aten op.
+The same split is kept per aten op, and per module: each op is billed once, to the module
+whose forward created it (:mod:`nbtoolkit.metrics.module_flops`, not torch's
+``ModuleTracker``, which bills a module that returns its input, an ``nn.Identity``, for the
+rest of the backward); a module's inclusive count adds its callees'.
 Limitation: a step that calls ``backward(create_graph=True)`` (double backward, gradient
 penalties) runs gradient formulas with grad mode on; they are counted as recomputation.
 
@@ -49,10 +52,17 @@ PHASES = ("forward", "backward", "recompute")
 class FlopCounts:
     """FLOPs of one counted step, split by phase, module and op, and by (device, dtype)."""
 
-    # phase -> module name -> op name -> FLOPs; "Global" is the whole step.
+    # phase -> module name -> op name -> FLOPs, inclusive (the module and what it called);
+    # "Global" is the whole step.
     by_phase: dict[str, dict[str, dict[str, int]]] = field(
         default_factory=lambda: {p: defaultdict(lambda: defaultdict(int)) for p in PHASES}
     )
+    # phase -> module name -> FLOPs of the module's own ops (exclusive: its callees' not included)
+    self_by_phase: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {p: defaultdict(int) for p in PHASES}
+    )
+    # module name -> the module that first called it ("" for a root)
+    parents: dict[str, str] = field(default_factory=dict)
     # (device string, dtype name) -> FLOPs
     by_device_dtype: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
@@ -73,33 +83,48 @@ class FlopCounts:
             return None
         return max(self.by_device_dtype.items(), key=lambda kv: kv[1])[0]
 
-    def _frame(self, keys: list[str], key_name: str, select: Callable[[dict[str, dict[str, int]], str], int],
-               columns: list[str]) -> pd.DataFrame:
-        import pandas as pd
-
-        records = []
-        for key in keys:
-            flops = {p: int(select(self.by_phase[p], key)) for p in PHASES}
-            record: dict[str, Any] = {key_name: key}
-            if "depth" in columns:
-                record["depth"] = key.count(".")
-            record.update({
-                "forward_flops": flops["forward"],
-                "backward_flops": flops["backward"],
-                "recompute_flops": flops["recompute"],
-                "model_flops": flops["forward"] + flops["backward"],
-                "hardware_flops": flops["forward"] + flops["backward"] + flops["recompute"],
-            })
-            records.append(record)
-        return pd.DataFrame.from_records(records, columns=columns)
+    @staticmethod
+    def _flop_columns(flops: dict[str, int], prefix: str = "") -> dict[str, int]:
+        return {
+            f"{prefix}forward_flops": flops["forward"],
+            f"{prefix}backward_flops": flops["backward"],
+            f"{prefix}recompute_flops": flops["recompute"],
+            f"{prefix}model_flops": flops["forward"] + flops["backward"],
+            f"{prefix}hardware_flops": flops["forward"] + flops["backward"] + flops["recompute"],
+        }
 
     def module_frame(self) -> pd.DataFrame:
-        names = sorted({m for p in PHASES for m in self.by_phase[p] if m != "Global"})
-        return self._frame(names, "module", lambda counts, m: sum(counts.get(m, {}).values()), MODULE_COLUMNS)
+        """One row per module that ran: inclusive FLOP columns (``model_flops``: the module and
+        every module it called) and exclusive ones (``self_model_flops``: its own ops only)."""
+        import pandas as pd
+
+        # every module that ran, also those that ran no counted op (an Identity: 0 FLOPs)
+        names = sorted({m for p in PHASES for m in self.by_phase[p] if m != "Global"} | set(self.parents))
+        records = []
+        for name in names:
+            inclusive = {p: int(sum(self.by_phase[p].get(name, {}).values())) for p in PHASES}
+            own = {p: int(self.self_by_phase[p].get(name, 0)) for p in PHASES}
+            columns = self._flop_columns(inclusive)
+            own_columns = self._flop_columns(own, "self_")
+            records.append({
+                "module": name,
+                "parent": self.parents.get(name, ""),
+                "depth": name.count("."),
+                **columns,
+                "self_model_flops": own_columns["self_model_flops"],
+                "self_hardware_flops": own_columns["self_hardware_flops"],
+            })
+        return pd.DataFrame.from_records(records, columns=MODULE_COLUMNS)
 
     def op_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         ops = sorted({op for p in PHASES for op in self.by_phase[p].get("Global", {})})
-        frame = self._frame(ops, "op", lambda counts, op: counts.get("Global", {}).get(op, 0), OP_COLUMNS)
+        step = {p: self.by_phase[p].get("Global", {}) for p in PHASES}
+        records = [
+            {"op": op, **self._flop_columns({p: int(step[p].get(op, 0)) for p in PHASES})} for op in ops
+        ]
+        frame = pd.DataFrame.from_records(records, columns=OP_COLUMNS)
         return frame.sort_values(["hardware_flops", "op"], ascending=[False, True]).reset_index(drop=True)
 
 
@@ -144,10 +169,17 @@ def _make_counter() -> Any:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from nbtoolkit.metrics.module_flops import ModuleAttribution
+
     if not hasattr(FlopCounterMode, "_count_flops"):
         raise MetricsError(
             f"torch {torch.__version__}'s FlopCounterMode has no _count_flops hook, which nbtoolkit uses to "
             "split FLOPs by phase: use torch 2.4 or newer"
+        )
+    if not (hasattr(torch._C, "_current_autograd_node") and hasattr(torch._C._autograd, "_get_sequence_nr")):
+        raise MetricsError(
+            f"torch {torch.__version__} does not tell which autograd node is running, which nbtoolkit uses "
+            "to bill backward FLOPs to modules: use torch 2.4 or newer"
         )
 
     class PhaseFlopCounter(FlopCounterMode):
@@ -156,6 +188,10 @@ def _make_counter() -> Any:
         def __init__(self) -> None:
             super().__init__(display=False, custom_mapping=_cpu_attention_formulas())
             self.counts = FlopCounts()
+            # FlopCounterMode enters and leaves its `mod_tracker` with itself: ours replaces
+            # torch's ModuleTracker, whose backward attribution double-counts (module_flops.py)
+            self.modules = ModuleAttribution()
+            self.mod_tracker = self.modules  # type: ignore[assignment]
 
         def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
             if func_packet in self.flop_registry:
@@ -168,8 +204,12 @@ def _make_counter() -> Any:
                     phase = "backward"
                 op = str(func_packet)
                 by_module = self.counts.by_phase[phase]
-                for parent in set(self.mod_tracker.parents):
-                    by_module[parent][op] += flops
+                by_module["Global"][op] += flops
+                owner = self.modules.owner(backward=phase == "backward")
+                if owner is not None:
+                    self.counts.self_by_phase[phase][owner] += flops
+                    for name in self.modules.chain(owner):
+                        by_module[name][op] += flops
                 tensor = _first_tensor(args)
                 if tensor is not None:
                     key = (str(tensor.device), str(tensor.dtype).removeprefix("torch."))
@@ -194,4 +234,5 @@ def count_step_flops(step: Callable[[], Any]) -> FlopCounts:
         with counter:
             call_step(step, "FLOP counting")
     counts: FlopCounts = counter.counts
+    counts.parents = {name: parent or "" for name, parent in counter.modules.parent.items()}
     return counts

@@ -2,8 +2,12 @@
 
 Step 4 of :func:`nbtoolkit.metrics.measure.step_metrics`: ``peak_flops`` when the user
 gives it; else the datasheet table (:mod:`nbtoolkit.metrics.device_peaks`) for a known
-accelerator in the dtype that carried most FLOPs; else measured once per process and
-device/dtype with a large matrix product (what CPUs get) and cached.
+accelerator in the dtype that carried most FLOPs; else measured: on a CPU robustly, fp32 and
+bf16 together, re-measured while the machine is busy, cached with its conditions
+(:mod:`nbtoolkit.metrics.cpu_peak`); on an accelerator not in the table, the best of a few
+large matrix products, cached per process.
+
+Every source text starts with its kind: ``"given: "``, ``"table: "`` or ``"measured: "``.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ MATMUL_BUDGET_S = 2.0  # at most about this long for the timed products
 #: One timed product, no warm-up: the size is chosen from it.
 _ONCE = MeasureConfig(steps=1, warmup=0)
 
-# (device string, dtype name, CPU threads) -> (peak FLOP/s, source). One measurement per process
-# and setting: torch.set_num_threads changes what a CPU can reach.
-_MEASURED_PEAKS: dict[tuple[str, str, int], tuple[float, str]] = {}
+# (device string, dtype name) -> (peak FLOP/s, source): accelerators missing from the table.
+# CPUs have their own cache, with the conditions of each measurement (cpu_peak.py).
+_MEASURED_PEAKS: dict[tuple[str, str], tuple[float, str]] = {}
 
 
 def device_name(device: str) -> str:
@@ -107,8 +111,13 @@ def _measure_matmul(device: torch.device, dtype: torch.dtype) -> tuple[float, in
 
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s of the fastest of a few large matrix products on ``device`` in ``dtype``
-    (see ``_measure_matmul``); the default ``measure_peak`` of :func:`step_metrics`."""
+    """FLOP/s of the fastest of a few large matrix products on ``device`` in ``dtype``: on a CPU
+    the robust, cached measurement of :func:`nbtoolkit.metrics.cpu_peak.cpu_peak`, elsewhere
+    ``_measure_matmul``. What :func:`step_metrics` uses when no ``measure_peak`` is given."""
+    if str(device).startswith("cpu"):
+        from nbtoolkit.metrics.cpu_peak import cpu_peak
+
+        return cpu_peak(str(dtype).removeprefix("torch.")).flops
     return _measure_matmul(device, dtype)[0]
 
 
@@ -129,8 +138,13 @@ def resolve_peak(
     *,
     peak_flops: float | None = None,
     measure_peak: Callable[[torch.device, torch.dtype], float] | None = None,
+    refresh: bool = False,
 ) -> tuple[float, str]:
-    """(peak FLOP/s, source): given > datasheet table > measured (cached per process)."""
+    """(peak FLOP/s, source): given > datasheet table > measured (cached per process).
+
+    ``refresh``: measure again instead of taking the cached figure (a step went faster than
+    the peak); a cached CPU peak is replaced only by a higher one.
+    """
     import torch
 
     from nbtoolkit.metrics.device_peaks import lookup_peak, precision_of
@@ -139,21 +153,28 @@ def resolve_peak(
     if peak_flops is not None:
         return given_peak(peak_flops)
     name = device_name(device)
-    if not device.startswith("cpu"):
+    on_cpu = device.startswith("cpu")
+    if not on_cpu:
         precision = precision_of(dtype_name, tf32=_tf32_enabled())
         found = lookup_peak(name, precision) if (name and precision) else None
         if found is not None:
             return found
-    where = f"this CPU ({name})" if device.startswith("cpu") else f"{device} ({name or 'unknown device'})"
-    key = (device, dtype_name, torch.get_num_threads() if device.startswith("cpu") else 0)
-    if measure_peak is None and key in _MEASURED_PEAKS:
+    where = f"this CPU ({name})" if on_cpu else f"{device} ({name or 'unknown device'})"
+    key = (device, dtype_name)
+    if measure_peak is None and not on_cpu and not refresh and key in _MEASURED_PEAKS:
         return _MEASURED_PEAKS[key]
-    size = runs = 0
+    source = ""
     try:
-        if measure_peak is None:
-            value, size, runs = _measure_matmul(torch.device(device), dtype)
+        if measure_peak is not None:
+            value: Any = measure_peak(torch.device(device), dtype)
+        elif on_cpu:
+            from nbtoolkit.metrics.cpu_peak import cpu_peak
+
+            measured = cpu_peak(dtype_name, refresh=refresh)
+            value, source = measured.flops, measured.source(where)
         else:
-            value = measure_peak(torch.device(device), dtype)
+            value, size, runs = _measure_matmul(torch.device(device), dtype)
+            source = f"measured: {size}x{size} {dtype_name} matmul on {where}, best of {runs} runs"
     except KeyboardInterrupt:
         raise
     except Exception as exc:
@@ -168,9 +189,11 @@ def resolve_peak(
             f"measuring the peak FLOP/s of {where} in {dtype_name} gave {value!r}, not a positive number: "
             "pass peak_flops=<dense peak FLOP/s of the device>"
         )
-    if measure_peak is None:
-        source = f"measured: {size}x{size} {dtype_name} matmul on {where}, best of {runs} runs"
-        _MEASURED_PEAKS[key] = (float(value), source)
-    else:
+    if measure_peak is not None:
         source = f"measured: {getattr(measure_peak, '__name__', 'measure_peak')} on {where} in {dtype_name}"
+    elif not on_cpu:
+        previous = _MEASURED_PEAKS.get(key)
+        if previous is None or value > previous[0]:
+            _MEASURED_PEAKS[key] = (float(value), source)
+        value, source = _MEASURED_PEAKS[key]
     return float(value), source

@@ -18,11 +18,18 @@ Definitions (the same as PaLM's, Chowdhery et al. 2022, appendix B, which the fi
     the recomputed share.
 ``peak_flops``
     the device's dense peak FLOP/s in the dtype the matrix products ran in, from a
-    datasheet table (``nbtoolkit.metrics.device_peaks``), measured with a large matrix
-    product, or given by the user; ``peak_source`` says which.
+    datasheet table (``nbtoolkit.metrics.device_peaks``), measured with large matrix
+    products (a CPU: ``nbtoolkit.metrics.cpu_peak``), or given by the user;
+    ``peak_source`` says which, and every display says "measured" for a measured one.
+
+A utilization above 100% is impossible: when any timed step executed more FLOP/s than the
+peak, the peak is wrong (a CPU peak measured while the machine was busy, a wrong
+``peak_flops``), and ``mfu``/``hfu`` are None with the reason in ``mfu_unavailable``: never
+a number above 100%.
 
 The object is plain data (pandas frames and numbers); it never holds NaN: a metric that
-cannot be computed raises :class:`~nbtoolkit.core.errors.MetricsError` when the object is made.
+cannot be computed raises :class:`~nbtoolkit.core.errors.MetricsError` when the object is made,
+or (MFU, HFU) is None with its reason.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import MetricsError, NbtUsageError
-from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.result import Result, escape
 from nbtoolkit.core.units import format_flop_rate, format_flops, format_percent, format_seconds
 
 if TYPE_CHECKING:
@@ -53,8 +60,11 @@ __all__ = [
     "metrics_frame",
 ]
 
+# Inclusive columns (the module and every module it called) carry the plain names, as torch's
+# and the profilers' tables do; the exclusive ones (the module's own ops) are prefixed ``self_``.
 MODULE_COLUMNS = [
-    "module", "depth", "forward_flops", "backward_flops", "recompute_flops", "model_flops", "hardware_flops",
+    "module", "parent", "depth", "forward_flops", "backward_flops", "recompute_flops", "model_flops",
+    "hardware_flops", "self_model_flops", "self_hardware_flops",
 ]
 OP_COLUMNS = ["op", "forward_flops", "backward_flops", "recompute_flops", "model_flops", "hardware_flops"]
 
@@ -81,16 +91,21 @@ class StepMetrics(Result):
         dtype: torch dtype name carrying the most FLOPs in the step (``"bfloat16"``, ...).
         device: torch device the FLOPs ran on (``"cpu"``, ``"cuda:0"``).
         device_name: the device's model name (``"NVIDIA A100-SXM4-80GB"``, a CPU's model name).
-        by_module: one row per module (names as torch's ModuleTracker gives them:
-            ``GPT.blocks.0.attn``); columns ``module``, ``depth``, ``forward_flops``,
-            ``backward_flops``, ``recompute_flops``, ``model_flops``, ``hardware_flops``.
-            A module's row includes its children's FLOPs. Backward FLOPs are attributed
-            through autograd hooks and may land on a parent module inside checkpointed regions.
+        by_module: one row per module that ran (named by attribute path from the model:
+            ``GPT.blocks.0.attn``); columns ``module``, ``parent`` (the module that called it,
+            "" for the model), ``depth``; INCLUSIVE ``forward_flops``, ``backward_flops``,
+            ``recompute_flops``, ``model_flops``, ``hardware_flops`` (the module and every
+            module it called); EXCLUSIVE ``self_model_flops``, ``self_hardware_flops`` (its own
+            ops only). Each op is billed once, backward included, to the module whose forward
+            created it (:mod:`nbtoolkit.metrics.module_flops`): the ``self_`` columns add up to
+            at most the step's FLOPs, and so do the inclusive ones of siblings.
         by_op: one row per counted aten op with the same FLOP columns.
         tokens_per_step / samples_per_step: as the user stated them, else None.
         parameters: parameter count of ``model`` when one was given, else None.
         warmup: untimed steps run before timing.
         notes: caveats found while measuring.
+        mfu_unavailable: why MFU and HFU are not given (a timed step went faster than the
+            peak), else None. Set when the object is made if the caller did not.
     """
 
     model_flops: int
@@ -109,6 +124,7 @@ class StepMetrics(Result):
     parameters: int | None = None
     warmup: int = 0
     notes: list[str] = field(default_factory=list)
+    mfu_unavailable: str | None = None
 
     def __post_init__(self) -> None:
         # Every derived number is a ratio: refuse what would make one 0/0, inf or NaN here, once.
@@ -138,6 +154,8 @@ class StepMetrics(Result):
                 f"peak FLOP/s must be a positive finite number, got {self.peak_flops!r} "
                 f"({self.peak_source}): pass peak_flops=<FLOP/s of your device>"
             )
+        if self.mfu_unavailable is None and self.peak_beaten:
+            self.mfu_unavailable = peak_beaten_reason(self)
 
     # ---- derived numbers -------------------------------------------------------------
     @property
@@ -177,18 +195,35 @@ class StepMetrics(Result):
         return self.hardware_flops / self.step_time_s
 
     @property
-    def mfu(self) -> float:
-        """Model FLOPs utilization, a fraction (0.41 means 41%)."""
+    def fastest_hardware_flops_per_s(self) -> float:
+        """Hardware FLOP/s of the fastest timed step: what the device demonstrably reached."""
+        return self.hardware_flops / min(self.step_times_s)
+
+    @property
+    def peak_beaten(self) -> bool:
+        """A timed step executed more FLOP/s than ``peak_flops``: the peak cannot be right."""
+        return self.fastest_hardware_flops_per_s > self.peak_flops
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization, a fraction (0.41 means 41%); None when the peak was beaten
+        (``mfu_unavailable`` says why): never above 1."""
+        if self.mfu_unavailable is not None:
+            return None
         return self.flops_per_s / self.peak_flops
 
     @property
-    def hfu(self) -> float:
-        """Hardware FLOPs utilization, a fraction."""
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization, a fraction; None like ``mfu``."""
+        if self.mfu_unavailable is not None:
+            return None
         return self.hardware_flops_per_s / self.peak_flops
 
     @property
-    def mfu_range(self) -> tuple[float, float]:
-        """MFU at the slowest and at the fastest timed step (the spread of ``mfu``)."""
+    def mfu_range(self) -> tuple[float, float] | None:
+        """MFU at the slowest and at the fastest timed step (the spread of ``mfu``); None like ``mfu``."""
+        if self.mfu_unavailable is not None:
+            return None
         return (
             self.model_flops / max(self.step_times_s) / self.peak_flops,
             self.model_flops / min(self.step_times_s) / self.peak_flops,
@@ -216,15 +251,22 @@ class StepMetrics(Result):
         """``"table"``, ``"measured"`` or ``"given"``: the first word of ``peak_source``."""
         return self.peak_source.split(":", 1)[0]
 
+    @property
+    def peak_label(self) -> str:
+        """How displays name the peak: ``"measured peak"``, ``"datasheet peak"``, ``"given peak"``."""
+        return {"table": "datasheet peak", "measured": "measured peak", "given": "given peak"}.get(
+            self.peak_kind, "peak"
+        )
+
     # ---- display ---------------------------------------------------------------------
     def summary_line(self) -> str:
         """One line for other summaries (profile, comparison, cluster):
         ``MFU 12.3% · HFU 15.0% · 1.23 TFLOP/s model · 8,000 tokens/s (peak 10.00 TFLOP/s, table)``."""
-        parts = [
-            f"MFU {format_percent(self.mfu)}",
-            f"HFU {format_percent(self.hfu)}",
-            f"{format_flop_rate(self.flops_per_s)} model",
-        ]
+        if self.mfu is None or self.hfu is None:
+            parts = [f"MFU not available ({self.peak_label} below the achieved rate)"]
+        else:
+            parts = [f"MFU {format_percent(self.mfu)}", f"HFU {format_percent(self.hfu)}"]
+        parts.append(f"{format_flop_rate(self.flops_per_s)} model")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:,.0f} tokens/s")
         if self.samples_per_s is not None:
@@ -247,15 +289,20 @@ class StepMetrics(Result):
             ("step time", step_time),
             ("achieved", achieved),
         ]
-        low, high = self.mfu_range
-        spread = f"range {format_percent(low)} to {format_percent(high)} over the timed steps"
-        rows.append(("MFU", f"{format_percent(self.mfu)} ({spread})"))
-        rows.append(("HFU", format_percent(self.hfu)))
+        if self.mfu is None or self.hfu is None or self.mfu_range is None:
+            rows.append(("MFU", f"not available: {self.mfu_unavailable}"))
+            rows.append(("HFU", "not available (as MFU)"))
+        else:
+            low, high = self.mfu_range
+            spread = f"range {format_percent(low)} to {format_percent(high)} over the timed steps"
+            of = f"of the {self.peak_label}"
+            rows.append(("MFU", f"{format_percent(self.mfu)} {of} ({spread})"))
+            rows.append(("HFU", f"{format_percent(self.hfu)} {of}"))
         if self.tokens_per_s is not None:
             rows.append(("tokens/s", f"{self.tokens_per_s:,.0f} ({self.tokens_per_step:,} tokens/step)"))
         if self.samples_per_s is not None:
             rows.append(("samples/s", f"{self.samples_per_s:,.1f} ({self.samples_per_step:,} samples/step)"))
-        rows.append(("peak", f"{format_flop_rate(self.peak_flops)} — {self.peak_source}"))
+        rows.append((self.peak_label, f"{format_flop_rate(self.peak_flops)} — {self.peak_source}"))
         device = self.device + (f" ({self.device_name})" if self.device_name else "")
         rows.append(("device, dtype", f"{device}, {self.dtype}"))
         if self.parameters is not None:
@@ -263,52 +310,34 @@ class StepMetrics(Result):
         return rows
 
     def top_modules(self, n: int = 8, *, depth: int | None = None) -> pd.DataFrame:
-        """The ``n`` modules with the most model FLOPs (optionally only at one ``depth``),
-        with ``model_pct``, their share of the step's model FLOPs in percent."""
-        frame = self.by_module
-        if depth is not None:
-            frame = frame[frame["depth"] == depth]
-        top = frame.sort_values(["model_flops", "module"], ascending=[False, True]).head(n).copy()
-        top["model_pct"] = 100.0 * top["model_flops"] / self.model_flops
-        return top.reset_index(drop=True)
+        """The ``n`` modules with the most inclusive model FLOPs (optionally only at one
+        ``depth``), with ``model_pct`` (inclusive) and ``self_model_pct`` (own ops), their
+        shares of the step's model FLOPs in percent."""
+        from nbtoolkit.metrics.module_table import top_modules
+
+        return top_modules(self.by_module, self.model_flops, n, depth=depth)
 
     def top_level_modules(self) -> pd.DataFrame:
-        """The model's direct parts: modules whose nearest counted ancestor is a root module
-        (``GPT.blocks.0`` and ``GPT.head`` under ``GPT``; the ModuleList between them runs no code),
-        by model FLOPs, with ``model_pct``."""
-        frame = self.by_module
-        present = set(frame["module"])
-        keep = []
-        for name in frame["module"]:
-            parts = str(name).split(".")
-            ancestor = next((".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)
-                             if ".".join(parts[:i]) in present), None)
-            keep.append(len(parts) > 1 and (ancestor is None or "." not in ancestor))
-        top = frame[keep]
-        if top.empty:  # only root modules ran: show them
-            top = frame
-        top = top.sort_values(["model_flops", "module"], ascending=[False, True]).copy()
-        top["model_pct"] = 100.0 * top["model_flops"] / self.model_flops
-        return top.reset_index(drop=True)
+        """The model's direct parts (modules a root module called), by inclusive model FLOPs,
+        with ``model_pct`` and ``self_model_pct``: their inclusive shares add up to at most 100%."""
+        from nbtoolkit.metrics.module_table import top_level_modules
+
+        return top_level_modules(self.by_module, self.model_flops)
 
     def _text(self) -> str:
+        from nbtoolkit.metrics.module_table import module_lines
+
         lines = [f"StepMetrics: {self.summary_line()}"]
         width = max(len(name) for name, _ in self._rows())
         lines += [f"  {name:<{width}}  {value}" for name, value in self._rows()]
         if len(self.by_module):
-            top = self.top_level_modules().head(8)
-            lines.append("  modules by model FLOPs:")
-            mwidth = max(len(str(m)) for m in top["module"])
-            for row in top.itertuples(index=False):
-                recompute = f", recomputed {format_flops(row.recompute_flops)}" if row.recompute_flops else ""
-                lines.append(
-                    f"    {row.module!s:<{mwidth}}  {format_flops(row.model_flops):>14}  "
-                    f"{row.model_pct:5.1f}%{recompute}"
-                )
+            lines += module_lines(self.by_module, self.model_flops)
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def _html(self) -> str:
+        from nbtoolkit.metrics.module_table import module_html
+
         body = "".join(
             f"<tr><th style='text-align:left'>{escape(name)}</th><td>{escape(value)}</td></tr>"
             for name, value in self._rows()
@@ -319,16 +348,7 @@ class StepMetrics(Result):
             f"<table class='nbt-table'>{body}</table>",
         ]
         if len(self.by_module):
-            import pandas as pd
-
-            top = self.top_level_modules().head(12)
-            shown = pd.DataFrame({
-                "module": top["module"],
-                "model FLOPs": [format_flops(v) for v in top["model_flops"]],
-                "share of model FLOPs (%)": top["model_pct"].astype(float),
-                "recomputed FLOPs": [format_flops(v) for v in top["recompute_flops"]],
-            })
-            parts.append("<p>modules by model FLOPs:</p>" + html_table(shown, max_rows=12))
+            parts.append(module_html(self.by_module, self.model_flops))
         parts += [f"<p><i>note: {escape(n)}</i></p>" for n in self.notes]
         parts.append("</div>")
         return "".join(parts)
@@ -352,6 +372,7 @@ class StepMetrics(Result):
             "parameters": self.parameters,
             "warmup": self.warmup,
             "notes": list(self.notes),
+            "mfu_unavailable": self.mfu_unavailable,
         }
 
     @classmethod
@@ -359,7 +380,15 @@ class StepMetrics(Result):
         import pandas as pd
 
         values = dict(data)
-        values["by_module"] = pd.DataFrame.from_records(values.get("by_module") or [], columns=MODULE_COLUMNS)
+        modules = values.get("by_module") or []
+        if modules and not all(set(MODULE_COLUMNS) <= set(row) for row in modules):
+            # written before each op was billed once: its per-module figures double-count
+            modules = []
+            values["notes"] = [*values.get("notes", []), (
+                "per-module FLOPs not shown: this file was saved by an nbtoolkit that billed some "
+                "modules twice (torch's ModuleTracker); measure again for them"
+            )]
+        values["by_module"] = pd.DataFrame.from_records(modules, columns=MODULE_COLUMNS)
         values["by_op"] = pd.DataFrame.from_records(values.get("by_op") or [], columns=OP_COLUMNS)
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in values.items() if k in known})
@@ -391,23 +420,49 @@ class StepMetrics(Result):
             ) from None
 
 
+def peak_beaten_reason(metrics: StepMetrics, *, measured_again: bool = False) -> str:
+    """Why MFU is not given when a timed step went faster than the peak, by the peak's kind."""
+    peak = format_flop_rate(metrics.peak_flops)
+    achieved = f"{format_flop_rate(metrics.fastest_hardware_flops_per_s)} in its fastest step"
+    if metrics.peak_kind == "measured":
+        what = "CPU peak" if metrics.device.startswith("cpu") else "peak"
+        again = ", also when measured again" if measured_again else ""
+        return (
+            f"the measured {what} ({peak}) is below what this step achieved ({achieved}){again}: the machine "
+            "was busy when the peak was measured. Measure again on an idle machine, or pass "
+            "peak_flops=<the device's peak FLOP/s>"
+        )
+    if metrics.peak_kind == "table":
+        return (
+            f"the datasheet peak ({peak}) is below what this step achieved ({achieved}): the FLOP count or "
+            "the device's identification is wrong. Pass peak_flops=<the device's dense peak FLOP/s>"
+        )
+    return (
+        f"the peak ({peak}; {metrics.peak_source}) is below what this step achieved ({achieved}): pass "
+        "peak_flops=<the device's dense peak FLOP/s>"
+    )
+
+
 # ---- helpers for other summaries ---------------------------------------------------------
 
-def measurement_extra(metrics: StepMetrics) -> dict[str, float]:
+def measurement_extra(metrics: StepMetrics) -> dict[str, float | str]:
     """The metrics as ``Measurement.extra`` rows: names carry the units, values are numbers
-    (so that a Comparison shows the after/before ratio of each)."""
-    extra = {
+    (so that a Comparison shows the after/before ratio of each), or ``"not available: ..."``
+    for MFU and HFU when the peak was beaten. The peak row names its kind
+    (``peak TFLOP/s (measured)``)."""
+    unavailable = f"not available: {metrics.mfu_unavailable}"
+    extra: dict[str, float | str] = {
         "model GFLOP / step": metrics.model_flops / 1e9,
         "hardware GFLOP / step": metrics.hardware_flops / 1e9,
         "achieved model TFLOP/s": metrics.flops_per_s / 1e12,
-        "MFU (%)": 100 * metrics.mfu,
-        "HFU (%)": 100 * metrics.hfu,
+        "MFU (%)": unavailable if metrics.mfu is None else 100 * metrics.mfu,
+        "HFU (%)": "not available (as MFU)" if metrics.hfu is None else 100 * metrics.hfu,
     }
     if metrics.tokens_per_s is not None:
         extra["tokens/s"] = metrics.tokens_per_s
     if metrics.samples_per_s is not None:
         extra["samples/s"] = metrics.samples_per_s
-    extra["peak TFLOP/s"] = metrics.peak_flops / 1e12
+    extra[f"peak TFLOP/s ({metrics.peak_kind})"] = metrics.peak_flops / 1e12
     return extra
 
 
@@ -463,14 +518,15 @@ def metrics_frame(
     ``runs`` is a mapping label -> StepMetrics, a list of (label, StepMetrics) pairs, or a
     plain list (labelled 0, 1, ... in order, as cluster results come in rank order).
     Columns: ``<label>``, ``step_time_s``, ``step_time_spread_s``, ``model_flops``,
-    ``hardware_flops``, ``flops_per_s``, ``mfu``, ``mfu_low``, ``mfu_high``, ``hfu``,
-    ``tokens_per_s``, ``samples_per_s`` (None where not stated), ``peak_flops``, ``peak_source``.
+    ``hardware_flops``, ``flops_per_s``, ``mfu``, ``mfu_low``, ``mfu_high``, ``hfu`` (None where
+    ``mfu_unavailable`` says why), ``mfu_unavailable``, ``tokens_per_s``, ``samples_per_s`` (None
+    where not stated), ``peak_flops``, ``peak_kind``, ``peak_source``.
     """
     import pandas as pd
 
     records = []
     for name, m in _labelled(runs):
-        low, high = m.mfu_range
+        low, high = m.mfu_range or (None, None)
         records.append({
             label: name,
             "step_time_s": m.step_time_s,
@@ -482,9 +538,11 @@ def metrics_frame(
             "mfu_low": low,
             "mfu_high": high,
             "hfu": m.hfu,
+            "mfu_unavailable": m.mfu_unavailable,
             "tokens_per_s": m.tokens_per_s,
             "samples_per_s": m.samples_per_s,
             "peak_flops": m.peak_flops,
+            "peak_kind": m.peak_kind,
             "peak_source": m.peak_source,
         })
     if not records:

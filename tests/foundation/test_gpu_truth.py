@@ -56,8 +56,9 @@ def test_every_check_runs_on_the_cpu_and_passes(cpu_run: tuple[dict, Path, str])
     assert memory["memtracker_total"] > 0
     assert names["2"]["numbers"]["exported_stats"] == names["2"]["numbers"]["exported_memory_viz"]
     assert any("needs CUDA" in remark for remark in names["2"]["numbers"]["remarks"])
-    # MFU <= 100% is judged on the GPU only: a CPU peak measured under load can be beaten (issue 39)
-    assert names["5"]["numbers"]["mfu"] > 0 and "measured" in names["5"]["numbers"]["peak_source"]
+    # MFU is never above 100%: a CPU peak measured under load and beaten gives no MFU (issue 39)
+    mfu = names["5"]["numbers"]["mfu"]
+    assert (mfu is None or 0 < mfu <= 1) and "measured" in names["5"]["numbers"]["peak_source"]
     assert names["8"]["numbers"]["counted_at_full_zoom_out"] == names["8"]["numbers"]["indexed_events"]
     assert f"{len(CHECKS)} passed, 0 failed, 0 not run" in output
 

@@ -58,8 +58,21 @@ def test_device_names_from_real_traces_map_to_their_entry(real_data: Callable[[s
         ("AMD Instinct MI300X", "bf16", 1307.4),
         ("Tesla V100-SXM2-32GB", "fp16", 125),
         ("Tesla V100-PCIE-16GB", "fp32", 14),
-        ("NVIDIA L4", "bf16", 121),
-        ("NVIDIA L40S", "bf16", 366.5),
+        ("NVIDIA L4", "bf16", 121),  # half of the 242 "with sparsity"
+        ("NVIDIA L4", "tf32", 60),
+        ("NVIDIA L4", "fp32", 30.3),
+        ("NVIDIA L40S", "bf16", 362.05),  # the datasheet's own dense figure
+        ("NVIDIA L40", "bf16", 181.05),
+        ("NVIDIA H100 80GB HBM3", "tf32", 494.5),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67),
+        ("NVIDIA H100 PCIe", "tf32", 378),
+        ("NVIDIA H100 PCIe", "fp32", 51),
+        ("NVIDIA H200", "fp32", 67),
+        ("NVIDIA H200 NVL", "bf16", 835.5),
+        ("NVIDIA GH200 480GB", "bf16", 989.5),
+        ("NVIDIA A10", "bf16", 125),
+        ("NVIDIA A40", "bf16", 149.7),
+        ("Tesla T4", "fp16", 65),
     ],
 )
 def test_dense_peaks(device: str, precision: str, tflops: float) -> None:

@@ -24,9 +24,9 @@ from nbtoolkit.recompute.comparison import Comparison, Measurement
 def _metrics(**overrides: Any) -> nbt.StepMetrics:
     modules = pd.DataFrame.from_records(
         [
-            ("Net", 0, 1_000, 2_000, 500, 3_000, 3_500),
-            ("Net.<script>alert(1)</script>", 1, 600, 1_200, 500, 1_800, 2_300),
-            ("Net.head", 1, 400, 800, 0, 1_200, 1_200),
+            ("Net", "", 0, 1_000, 2_000, 500, 3_000, 3_500, 0, 0),
+            ("Net.<script>alert(1)</script>", "Net", 1, 600, 1_200, 500, 1_800, 2_300, 1_800, 2_300),
+            ("Net.head", "Net", 1, 400, 800, 0, 1_200, 1_200, 1_200, 1_200),
         ],
         columns=MODULE_COLUMNS,
     )

@@ -42,11 +42,16 @@ def test_cpu_peak_is_measured_once_and_said_so(make_gpt: Any) -> None:
     setup = make_gpt()
     first = nbt.step_metrics(setup.step, steps=1, warmup=0)
     second = nbt.step_metrics(setup.step, steps=1, warmup=0)
-    assert first.peak_source.startswith("measured: 2048x2048 float32 matmul on this CPU")
-    assert re.search(r"best of [1-5] runs$", first.peak_source)
+    assert re.match(r"measured: \d+x\d+ float32 matmul on this CPU", first.peak_source), first.peak_source
+    # how, when and under what load: the conditions travel with the number
+    assert re.search(r"best of \d+ trials in \d+ attempts?, \d+ threads?, at \d\d:\d\d:\d\d together with "
+                     r"bfloat16; ", first.peak_source), first.peak_source
     assert second.peak_flops == first.peak_flops  # cached for the process, not re-measured
     assert first.peak_kind == "measured"
-    assert 0 < first.mfu < 1.5  # a real ratio, not a unit slip by 1e3
+    for shown in (first.summary_line(), repr(first), first._repr_html_() or ""):
+        assert "measured" in shown
+    # a real ratio, not a unit slip by 1e3, and never above 100%
+    assert first.mfu is None or 0 < first.mfu <= 1.0
 
 
 @pytest.mark.parametrize("mode", ["non-reentrant", "reentrant"])
