@@ -254,8 +254,8 @@ def _summarise(timing: InterleavedTiming, *, final: bool) -> None:
 
 
 def time_interleaved(
-    run_a: Callable[[], float],
-    run_b: Callable[[], float],
+    run_a: Callable[[], tuple[float, float]],
+    run_b: Callable[[], tuple[float, float]],
     *,
     labels: tuple[str, str] = ("before", "after"),
     min_rounds: int = 5,
@@ -266,8 +266,8 @@ def time_interleaved(
     """Time A and B interleaved until the verdict is clear, ``time_limit_s`` or ``max_rounds``.
 
     ``run_a``/``run_b`` switch the model to their configuration, run one step and return its
-    wall time in seconds (the caller synchronises the device); the processor time around each
-    call is recorded here. ``min_rounds`` always run (even past the time limit). ``on_round(done,
+    (wall, processor) seconds (``nbtoolkit.core.step_runner.timed_call``, which synchronises
+    the device). ``min_rounds`` always run (even past the time limit). ``on_round(done,
     planned)`` is called after every round, ``planned`` being the rounds now expected.
     """
     from nbtoolkit.core.machine_load import BusySampler
@@ -278,16 +278,16 @@ def time_interleaved(
     checkpoints = _checkpoints(min_rounds)
     look = 0
     min_rounds = max(1, min_rounds)
-    started = time.perf_counter()
+    deadline = time.monotonic() + time_limit_s
     timing.probes_s.append(load_probe())
     while True:
         order = ((a, run_a), (b, run_b)) if timing.rounds % 2 == 0 else ((b, run_b), (a, run_a))
         pair: dict[str, float] = {}
         for label, run in order:
-            cpu = time.process_time()
-            pair[label] = run()
-            timing.cpu_times_s[label].append(time.process_time() - cpu)
-            timing.times_s[label].append(pair[label])
+            wall, cpu = run()
+            pair[label] = wall
+            timing.cpu_times_s[label].append(cpu)
+            timing.times_s[label].append(wall)
         timing.ratios.append(pair[b] / pair[a] if pair[a] > 0 else math.nan)
         timing.probes_s.append(load_probe())
         done = timing.rounds
@@ -305,7 +305,7 @@ def time_interleaved(
         if done >= max_rounds:
             timing.stopped = "rounds limit"
             break
-        if time.perf_counter() - started >= time_limit_s:
+        if time.monotonic() >= deadline:
             timing.stopped = "time limit"
             break
     _summarise(timing, final=True)

@@ -23,7 +23,7 @@ from typing import Any
 from nbtoolkit.core.errors import NbtError, StepError
 from nbtoolkit.core.measure_config import MeasureConfig
 
-__all__ = ["StepRun", "call_step", "run_steps", "step_name", "synchronize"]
+__all__ = ["StepRun", "call_step", "run_steps", "step_name", "synchronize", "timed_call"]
 
 
 def step_name(step: Any) -> str:
@@ -114,6 +114,20 @@ def _cuda_device(device: Any) -> Any:
         return torch.device("cuda", torch.cuda.current_device())
     target = torch.device(device)
     return target if target.type == "cuda" else None
+
+
+def timed_call(
+    step: Callable[[], Any], what: str, *, name: str | None = None, synchronize_device: bool = True
+) -> tuple[float, float, Any]:
+    """One call of ``step`` between two device synchronisations: (wall seconds, processor seconds
+    of the process, what it returned). For callers that schedule single steps themselves (the
+    interleaved before/after rounds of ``nbt.optimize``); ``what`` names the call in a StepError."""
+    sync = synchronize if synchronize_device else (lambda: None)
+    sync()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    value = call_step(step, what, name=name)
+    sync()
+    return time.perf_counter() - start, time.process_time() - start_cpu, value
 
 
 def run_steps(

@@ -23,13 +23,12 @@ steps include compile time. Progress is reported by stage: ``warming up``, ``com
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.core.interleaved import InterleavedTiming, time_interleaved
 from nbtoolkit.core.measure_config import MeasureConfig
-from nbtoolkit.core.step_runner import call_step, step_name, synchronize
+from nbtoolkit.core.step_runner import step_name, timed_call
 from nbtoolkit.recompute.comparison import Measurement
 from nbtoolkit.recompute.handle import ForwardStates
 from nbtoolkit.recompute.measure import (
@@ -86,21 +85,19 @@ class PairedMeasure:
         self.before_state: ForwardStates | None = None
         self.after_state: ForwardStates | None = None
 
-    def _timed_call(self, side: str, what: str) -> float:
-        """One step of ``side``, bracketed by device synchronisation; its wall seconds."""
-        sync = synchronize if self.config.synchronize else (lambda: None)
-        sync()
-        start = time.perf_counter()
-        self.values[side].append(call_step(self.step, what, name=self.name))
-        sync()
-        return time.perf_counter() - start
+    def _timed_call(self, side: str, what: str) -> tuple[float, float]:
+        """One step of ``side``, bracketed by device synchronisation: (wall, processor) seconds."""
+        sync = self.config.synchronize
+        wall, cpu, value = timed_call(self.step, what, name=self.name, synchronize_device=sync)
+        self.values[side].append(value)
+        return wall, cpu
 
     def warm_before(self, model: Any) -> None:
         """The unchanged model's warm-up steps; captures its ``forward`` state first."""
         self.before_state = ForwardStates(model)
         for index in range(self.config.warmup):
             what = f"warm-up step {index + 1} of {self.config.warmup} (before the change)"
-            self.warm_times["before"].append(self._timed_call("before", what))
+            self.warm_times["before"].append(self._timed_call("before", what)[0])
             self.stages.tick("warming up", what)
 
     def warm_after(self, model: Any, *, compiled: bool) -> None:
@@ -115,7 +112,7 @@ class PairedMeasure:
             stage = "warming up"
             if compiled and index == 0:
                 stage, what = "compiling", what + " (torch.compile compiles the model's forward on this call)"
-            self.warm_times["after"].append(self._timed_call("after", what))
+            self.warm_times["after"].append(self._timed_call("after", what)[0])
             self.stages.tick(stage, what)
         if compiled:
             self._counts_after_warmup = dynamo_counts()
@@ -136,8 +133,8 @@ class PairedMeasure:
             self.stages.tick("warming up", "before, once more after the change was applied")
         planned = self.config.steps
 
-        def run(side: str) -> Callable[[], float]:
-            def one() -> float:
+        def run(side: str) -> Callable[[], tuple[float, float]]:
+            def one() -> tuple[float, float]:
                 self._switch(side)
                 if not self.values[side]:
                     # no warm-up on this side: its first step starts from the weights the other

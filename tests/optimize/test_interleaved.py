@@ -52,10 +52,10 @@ def test_verdict_needs_the_whole_interval_outside_the_band() -> None:
 
 
 def _sleeper(seconds: float) -> Any:
-    def run() -> float:
+    def run() -> tuple[float, float]:
         start = time.perf_counter()
         time.sleep(seconds)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, 0.0
 
     return run
 
@@ -67,10 +67,10 @@ def test_rounds_stop_when_clear_and_grow_until_the_time_limit_when_not() -> None
     assert 1.6 < clear.ratio < 2.4 and "slower" in clear.reading()
     jitter = random.Random(0)
 
-    def noisy() -> float:  # 0.5 to 3.5 ms around the other side's 2 ms: no clear difference
+    def noisy() -> tuple[float, float]:  # 0.5 to 3.5 ms around the other side's 2 ms: no clear difference
         seconds = jitter.uniform(0.0005, 0.0035)
         time.sleep(seconds)
-        return seconds
+        return seconds, 0.0
 
     unclear = time_interleaved(_sleeper(0.002), noisy, min_rounds=3, time_limit_s=0.3)
     assert unclear.verdict == UNCLEAR and unclear.stopped == "time limit" and unclear.rounds > 5
