@@ -235,7 +235,9 @@ def test_memory_timeline_takes_config(tiny: Any) -> None:
 def test_optimize_takes_a_measure_config(tiny: Any) -> None:
     model, step, _ = tiny
     # steps are the fewest interleaved rounds; a tiny time limit adds none beyond them
-    config = MeasureConfig(steps=2, warmup=0, memory=False, categories=False, metrics=False, time_limit_s=1e-3)
+    config = MeasureConfig(
+        steps=2, warmup=0, memory=False, categories=False, metrics=False, time_limit_s=1e-3
+    )
     comparison = nbt.optimize(model, step, config=config)
     assert [len(m.step_times_s) for m in (comparison.before, comparison.after)] == [2, 2]
     comparison = nbt.optimize(model, step, steps=1, config=config)  # steps= wins over the config
