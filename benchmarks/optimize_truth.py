@@ -46,7 +46,8 @@ def _llama() -> tuple[Any, Any, list[str]]:
 def _gpt2() -> tuple[Any, Any, list[str]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=1000, n_positions=256, use_cache=False)
+    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=1000, n_positions=256, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     ids = torch.randint(0, 1000, (4, 128), generator=torch.Generator().manual_seed(SEED))
     return model, {"input_ids": ids, "labels": ids}, [f"transformer.h.{i}" for i in range(4)]
