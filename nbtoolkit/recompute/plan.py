@@ -77,6 +77,9 @@ class RecomputePlan(Result):
         fixed_bytes: bytes added to every predicted peak, which no checkpointing changes
             (parameters, optimizer state, inputs; 0 for a ``"step"`` budget).
         budget_kind: ``"total"`` (the device's whole peak) or ``"step"`` (the step's own peak).
+        fixed_by_category: what makes up ``fixed_bytes`` and the gradients, as far as measured
+            (``parameter``, ``optimizer_state``, ``input``, ``gradient``): what a "no plan fits"
+            message names as out of recomputation's reach (``RecomputeCosts.fixed_by_category``).
     """
 
     blocks: list[str]
@@ -93,6 +96,7 @@ class RecomputePlan(Result):
     notes: list[str] = field(default_factory=list)
     fixed_bytes: int = 0
     budget_kind: str = "total"
+    fixed_by_category: dict[str, int] = field(default_factory=dict)
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
@@ -248,6 +252,7 @@ class RecomputePlan(Result):
             "notes": list(self.notes),
             "fixed_bytes": int(self.fixed_bytes),
             "budget_kind": self.budget_kind,
+            "fixed_by_category": {str(k): int(v) for k, v in self.fixed_by_category.items()},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -289,6 +294,7 @@ class RecomputePlan(Result):
                 fixed_bytes=int(data.get("fixed_bytes", 0)),
                 # plans saved before budgets counted the device's total were step budgets
                 budget_kind=str(data.get("budget_kind", "step")),
+                fixed_by_category={str(k): int(v) for k, v in data.get("fixed_by_category", {}).items()},
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(
