@@ -194,6 +194,7 @@ class OptimizePanel:
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="", layout={"width": "420px"})
         self.status = widgets.HTML()
         self.messages = widgets.HTML()  # torch's own lines caught during the last run
+        self.shown_figure: Any = None  # the trade-off figure shown now
         self.budget_text.observe(self._on_budget_text, names="value")
         self.budget.observe(self._on_slider, names="value")
         for control in (self.compile, self.backend, self.mode, self.amp):
@@ -227,7 +228,7 @@ class OptimizePanel:
                 self._choices[budget] = exc
         found = self._choices[budget]
         if isinstance(found, Exception):
-            raise found
+            raise found.with_traceback(None)  # cached: no traceback growing with every raise
         return found
 
     def predicted(self) -> dict[str, Any] | None:
@@ -297,20 +298,22 @@ class OptimizePanel:
         from IPython.display import display
 
         self.backend.disabled = self.mode.disabled = not self.compile.value
-        figure_budget: float | None = self._budget_bytes
+        try:
+            chosen = self.chosen()  # for the last readable budget
+        except NbtError as exc:
+            self.summary.value = _no_plan_html(exc)
+            # below the floor: the budget's line under the front, no plan starred
+            figure = tradeoff_figure(self.plan, budget_bytes=self._budget_bytes)
+        else:
+            self.summary.value = _chosen_html(self.plan, chosen)
+            figure = tradeoff_figure(chosen)  # the star on the very blocks the summary names
         if self._budget_error is not None:
             self.summary.value = f"<p style='color:#b91c1c'>{escape(self._budget_error)}</p>"
-            figure_budget = None
-        else:
-            try:
-                self.summary.value = _chosen_html(self.plan, self.chosen())
-            except NbtError as exc:
-                self.summary.value = _no_plan_html(exc)
         self.button.disabled = self._budget_error is not None or self.predicted() is None
+        self.shown_figure = figure
         self.figure.clear_output(wait=True)
         with self.figure:
-            display(tradeoff_figure(self.plan, budget_bytes=figure_budget if figure_budget is not None
-                                    else self.plan.baseline_peak_bytes))
+            display(figure)
         self._refresh_result()
 
     # ---- running: on the kernel's main thread, one at a time ----

@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 NOISE = "Memory block of unknown size"
-SETUP, PANEL, TRAIN, SAVE, LONG_PANEL, CHECK = range(6)
+SETUP, PANEL, ROUTE, TRAIN, SAVE, LONG_PANEL, CHECK = range(7)
 CELLS = [
     (
         "import threading, time\n"
@@ -67,11 +67,21 @@ CELLS = [
     ),
     "%nbt optimize model step --plan p --steps 10 --budget 1MiB",
     (
+        "panel, clicks = _nbt, []\n"
+        "panel.button.on_run(lambda: clicks.append(threading.current_thread().name))\n"
+        "# ipykernel 7.4 sends a comm's messages to the thread that last published on it (the main\n"
+        "# thread, which made the panel); without that memory (ipykernel 7.0-7.3) JupyterLab's clicks\n"
+        "# run on the widgets' subshell, a second thread: the case the panel must be safe in\n"
+        "vars(panel.button.comm).pop('_reply_subshell_id', None)\n"
+        "print('ROUTED')"
+    ),
+    (
         "started = time.time()\n"
         "for _ in range(40):\n"
         "    step()\n"
         "waited = bool(runs) and started >= runs[-1][2]\n"
-        "print('TRAINED on', threading.current_thread().name, 'after the measurement:', waited)"
+        "print('TRAINED on', threading.current_thread().name, 'after the measurement:', waited)\n"
+        "print('CLICKED on', clicks, 'MEASURED on', runs[-1][0])"
     ),
     "saved = weights(); print('SAVED')",
     "%nbt optimize model step --plan p --steps 30 --compile --backend eager",
@@ -187,12 +197,19 @@ def test_optimize_panel_measures_on_the_main_thread_interrupts_and_keeps_its_res
             assert f"budget {middle} MiB" in text  # the typed budget, exactly
             assert not button.is_disabled()
 
-            # 2. a double click and, at once, a training cell: one measurement; the cell waits its turn
+            # 2. clicks on the widgets' subshell thread; a double click and, as soon as the measurement
+            #    runs, a training cell: one measurement, on the main thread; the cell waits its turn
+            _run_cell(page, ROUTE)
+            _wait_text(page, ROUTE, "ROUTED")
             button.dblclick()
             assert button.is_disabled()  # in the page, before the kernel answered
+            _wait_text(page, PANEL, r"measuring on the kernel's main thread")
             _run_cell(page, TRAIN)
             _wait_cell(page, TRAIN)
-            assert "TRAINED on MainThread after the measurement: True" in _text(page, TRAIN)
+            trained = _text(page, TRAIN)
+            assert "TRAINED on MainThread after the measurement: True" in trained
+            clicked = re.search(r"CLICKED on \['([^']+)'\] MEASURED on (\w+)", trained)
+            assert clicked and clicked.group(1) != "MainThread" and clicked.group(2) == "MainThread", trained
             text = _wait_text(page, PANEL, r"done in")
             result = _cell(page, PANEL).locator(".nbt-optimize-result")
             assert result.count() == 1

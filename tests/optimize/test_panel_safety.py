@@ -151,6 +151,22 @@ def test_panel_and_plan_recompute_agree_on_a_real_model(monkeypatch: pytest.Monk
         assert predicted is not None and predicted["blocks"] == direct.blocks, mib
 
 
+def test_the_figure_stars_the_blocks_the_summary_names(plan: RecomputePlan) -> None:
+    """A block that costs nothing (noise clipped to 0) ties with no checkpointing: the star is on the
+    solver's choice (none), not on another point of the front with the same overhead."""
+    free = solve_recompute(_costs((0.0, 0.001, 0.003, 0.0015)), None)
+    panel = OptimizePanel(torch.nn.Linear(2, 2), lambda: None, free)
+    panel.set_budget("14.4")
+    assert panel.predicted() == {"blocks": [], "predicted_peak_bytes": free.baseline_peak_bytes,
+                                 "predicted_overhead_s": 0.0}
+    star = panel.shown_figure.data[1]
+    assert star.name == "chosen" and star.y[0] == pytest.approx(free.baseline_peak_bytes / MIB)
+    assert free.best_for(round(14.4 * MIB))["blocks"] == ["blocks.0"]  # type: ignore[index]  # what it starred
+    panel.set_budget("3")
+    assert len(panel.shown_figure.data) == 1  # under the floor: no plan starred
+    assert panel.shown_figure.layout.shapes[0].y0 == pytest.approx(3.0)  # the budget's line
+
+
 # ---- one measurement at a time; the outcome always shown ----
 def test_a_second_click_while_measuring_does_not_measure_again(panel: OptimizePanel) -> None:
     panel.set_budget("11")
