@@ -89,6 +89,9 @@ class RecomputePlan(Result):
         fixed_bytes: bytes added to every predicted peak, which no checkpointing changes
             (parameters, optimizer state, inputs; 0 for a ``"step"`` budget).
         budget_kind: ``"total"`` (the device's whole peak) or ``"step"`` (the step's own peak).
+        fixed_by_category: what makes up ``fixed_bytes`` and the gradients, as far as measured
+            (``parameter``, ``optimizer_state``, ``input``, ``gradient``): what a "no plan fits"
+            message names as out of recomputation's reach (``RecomputeCosts.fixed_by_category``).
     """
 
     blocks: list[str]
@@ -107,6 +110,7 @@ class RecomputePlan(Result):
     budget_kind: str = "total"
     predicted_overhead_p25_s: float | None = None
     predicted_overhead_p75_s: float | None = None
+    fixed_by_category: dict[str, int] = field(default_factory=dict)
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
@@ -314,6 +318,7 @@ class RecomputePlan(Result):
             "budget_kind": self.budget_kind,
             "predicted_overhead_p25_s": self.predicted_overhead_p25_s,
             "predicted_overhead_p75_s": self.predicted_overhead_p75_s,
+            "fixed_by_category": {str(k): int(v) for k, v in self.fixed_by_category.items()},
         }
 
     def save(self, path: str | Path) -> Path:
@@ -357,6 +362,7 @@ class RecomputePlan(Result):
                 budget_kind=str(data.get("budget_kind", "step")),
                 predicted_overhead_p25_s=_optional_float(data.get("predicted_overhead_p25_s")),
                 predicted_overhead_p75_s=_optional_float(data.get("predicted_overhead_p75_s")),
+                fixed_by_category={str(k): int(v) for k, v in data.get("fixed_by_category", {}).items()},
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

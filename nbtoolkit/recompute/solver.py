@@ -37,6 +37,8 @@ __all__ = [
     "BUDGET_KINDS",
     "SOLVER",
     "cheapest_blocks",
+    "costs_of_plan",
+    "plan_for_budget",
     "predict_peak",
     "solve_plan",
     "solve_recompute",
@@ -194,16 +196,67 @@ def solve_recompute(
     baseline_peak = int(costs.baseline_peak_bytes or 0)
     front, truncated = tradeoff_front(levels, alive, saved, cost, fixed_bytes=fixed_bytes)
     target = fixed_bytes + baseline_peak if budget_bytes is None else int(budget_bytes)
-    chosen = solve_plan(levels, alive, saved, cost, target, fixed_bytes=fixed_bytes)
-    if chosen is None:
-        everything = {i for i in range(len(saved)) if saved[i] > 0}
-        lowest = predict_peak(levels, alive, saved, everything, fixed_bytes=fixed_bytes)
-        raise PlanError(_unreachable(costs, target, lowest, fixed_bytes + baseline_peak, budget_kind))
+    chosen = _chosen(costs, target, fixed_bytes=fixed_bytes, budget_kind=budget_kind)
     notes = list(costs.notes)
     if truncated:
         notes.append(f"trade-off front cut at {len(front)} plans")
     return _plan(
         costs, front, chosen, budget=target, fixed_bytes=fixed_bytes, notes=notes, budget_kind=budget_kind
+    )
+
+
+def _chosen(costs: RecomputeCosts, target: int, *, fixed_bytes: int, budget_kind: str) -> set[int]:
+    """The positions the ILP chooses for ``target``; PlanError (the floor, what no recomputation
+    changes, what would lower it) when no set fits. The one choice both ``plan_recompute`` and the
+    optimize panel's budget (:func:`plan_for_budget`) make, so they pick the same blocks."""
+    levels, alive, saved, cost = _arrays(costs)
+    chosen = solve_plan(levels, alive, saved, cost, target, fixed_bytes=fixed_bytes)
+    if chosen is None:
+        everything = {i for i in range(len(saved)) if saved[i] > 0}
+        lowest = predict_peak(levels, alive, saved, everything, fixed_bytes=fixed_bytes)
+        baseline = fixed_bytes + int(costs.baseline_peak_bytes or 0)
+        raise PlanError(_unreachable(costs, target, lowest, baseline, budget_kind))
+    return chosen
+
+
+def costs_of_plan(plan: RecomputePlan) -> RecomputeCosts:
+    """The measured table a plan was solved from, read back from the plan (its candidates and phases)."""
+    from nbtoolkit.recompute.costs import RecomputeCosts
+
+    candidates = plan.candidates
+    return RecomputeCosts(
+        blocks=tuple(str(v) for v in candidates["block"]),
+        saved_bytes=tuple(int(v) for v in candidates["saved_bytes"]),
+        recompute_time_s=tuple(float(v) for v in candidates["recompute_time_s"]),
+        forward_time_s=tuple(float(v) for v in candidates["forward_time_s"]),
+        modules=tuple(str(v) for v in candidates["module"]),
+        phase_bytes=tuple(int(v) for v in plan.phases["baseline_bytes"]),
+        phase_alive=tuple(frozenset(str(b) for b in a) for a in plan.phases["alive"]),
+        baseline_peak_bytes=int(plan.baseline_peak_bytes) - int(plan.fixed_bytes),
+        baseline_step_time_s=float(plan.baseline_step_time_s),
+        notes=tuple(plan.notes),
+        fixed_bytes=int(plan.fixed_bytes),
+        fixed_by_category=dict(plan.fixed_by_category),
+    )
+
+
+def plan_for_budget(plan: RecomputePlan, budget_bytes: int) -> RecomputePlan:
+    """``plan`` re-chosen for another budget (same measurements and front), by the very solver call
+    :func:`solve_recompute` makes, so the blocks are the ones ``plan_recompute`` would choose from
+    these measurements (before its verification step). No step runs; one ILP solve (milliseconds).
+
+    Raises:
+        PlanError: no set of blocks reaches ``budget_bytes`` (the message gives the floor).
+    """
+    import dataclasses
+
+    costs = costs_of_plan(plan)
+    fixed = int(plan.fixed_bytes)
+    chosen = _chosen(costs, int(budget_bytes), fixed_bytes=fixed, budget_kind=plan.budget_kind)
+    names = list(costs.blocks)
+    return dataclasses.replace(
+        plan.with_blocks([names[i] for i in sorted(chosen)]), budget_bytes=int(budget_bytes),
+        measured_peak_bytes=None,
     )
 
 
@@ -302,4 +355,5 @@ def _plan(
         notes=notes,
         fixed_bytes=int(fixed_bytes),
         budget_kind=budget_kind,
+        fixed_by_category=dict(costs.fixed_by_category),
     )

@@ -30,21 +30,36 @@ class TradeoffPlan(Protocol):
     @property
     def budget_kind(self) -> str: ...
 
+    @property
+    def predicted_peak_bytes(self) -> int: ...
+
+    @property
+    def predicted_overhead_s(self) -> float: ...
+
     def best_for(self, budget_bytes: float) -> dict[str, Any] | None: ...
 
 
 def tradeoff_figure(plan: TradeoffPlan, *, budget_bytes: float | None = None) -> Any:
     """Plotly figure: predicted peak memory (MiB) against predicted overhead (ms) for every front plan.
 
-    The chosen plan is highlighted; a horizontal line marks the budget. Hover shows the blocks.
+    The chosen plan is highlighted: the plan's own blocks, or with ``budget_bytes`` the front's
+    cheapest plan under that budget (none below the floor); a horizontal line marks the budget.
+    Hover shows the blocks.
     """
     import plotly.graph_objects as go
 
     from nbtoolkit.core.static_figure import StaticFigure
 
     front = plan.tradeoff
-    budget = plan.budget_bytes if budget_bytes is None else budget_bytes
-    best = plan.best_for(budget)
+    if budget_bytes is None:  # the plan's own choice (the solver's, maybe re-planned when verified)
+        budget: float = plan.budget_bytes
+        best: dict[str, Any] | None = {
+            "predicted_overhead_s": plan.predicted_overhead_s,
+            "predicted_peak_bytes": plan.predicted_peak_bytes,
+        }
+    else:
+        budget = budget_bytes
+        best = plan.best_for(budget)
     fig = StaticFigure()
     fig.add_trace(
         go.Scatter(

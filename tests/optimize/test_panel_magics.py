@@ -143,3 +143,42 @@ def test_panel_and_run_read_the_budget_the_same_way(
             outcomes.append(str(exc))
     assert outcomes[0] == outcomes[1]
     assert (outcomes[0] == "accepted") == (text in ("1.5GB", "800MiB", "2e9", "1400mib", "12345"))
+
+
+def test_plan_magic_draws_the_front_with_its_chosen_plan(
+    shell: InteractiveShell, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import IPython.display
+
+    shown: list[Any] = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kwargs: shown.extend(objs))
+    model, step, plan = setup
+    shell.user_ns.update(gpt=model, train_step=step)
+    budget = (plan.min_peak_bytes + plan.baseline_peak_bytes) // 2
+    result = shell.run_line_magic("nbt", f"plan gpt train_step --budget {budget}")
+    figures = [o for o in shown if type(o).__name__ == "Figure"]
+    assert len(figures) == 1
+    front, star = figures[0].data[:2]
+    assert len(front.x) == len(result.tradeoff)
+    assert star.name == "chosen" and star.y[0] == pytest.approx(result.predicted_peak_bytes / 2**20)
+    assert star.x[0] == pytest.approx(result.predicted_overhead_s * 1e3)
+
+
+def test_optimize_magic_starts_from_a_plan_variable_with_compile_choices(
+    shell: InteractiveShell, setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbtoolkit.recompute.planner as planner
+
+    def measured_again(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the panel measured the blocks again instead of using --plan")
+
+    model, step, plan = setup
+    monkeypatch.setattr(planner, "plan_recompute", measured_again)
+    shell.user_ns.update(gpt=model, train_step=step, p0=plan)
+    line = "optimize gpt train_step --plan p0 --budget 11MiB --mode max-autotune"
+    panel = shell.run_line_magic("nbt", line)
+    assert isinstance(panel, OptimizePanel) and panel.plan is plan
+    assert panel.budget_bytes == 11 * 2**20 and panel.budget_text.value == "11 MiB"
+    assert panel.compile.value and (panel.backend.value, panel.mode.value) == ("inductor", "max-autotune")
+    with pytest.raises(nbt.NbtUsageError, match="is a TinyGPT, not a RecomputePlan"):
+        shell.run_line_magic("nbt", "optimize gpt train_step --plan gpt")
