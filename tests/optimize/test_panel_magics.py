@@ -156,7 +156,7 @@ def test_plan_magic_draws_the_front_with_its_chosen_plan(
     shell.user_ns.update(gpt=model, train_step=step)
     budget = (plan.min_peak_bytes + plan.baseline_peak_bytes) // 2
     result = shell.run_line_magic("nbt", f"plan gpt train_step --budget {budget}")
-    figures = [o for o in shown if type(o).__name__ == "Figure"]
+    figures = [o for o in shown if type(o).__name__ in ("Figure", "StaticFigure")]
     assert len(figures) == 1
     front, star = figures[0].data[:2]
     assert len(front.x) == len(result.tradeoff)
