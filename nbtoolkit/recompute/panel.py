@@ -449,7 +449,20 @@ class OptimizePanel:
                 f"(lowest reachable peak {format_bytes(self.plan.min_peak_bytes)}); the measured result "
                 "is written below it"
             )
+            bundle["text/html"] = self._static_html()
         return bundle
+
+    def _static_html(self) -> str:
+        """What a page without the kernel shows in the panel's place (nbconvert, GitHub): the
+        trade-off figure at the current budget, drawn as SVG, and the plan's own table."""
+        from nbtoolkit.core.figure_svg import figure_svg
+
+        figure = figure_svg(tradeoff_figure(self.plan, budget_bytes=self._budget_bytes))
+        return (
+            "<div class='nbt-optimize-panel-static'><p><b>Optimize panel</b> (a static copy: its "
+            f"controls need the running kernel; budget {escape(format_bytes(self._budget_bytes))})</p>"
+            f"{figure}{self.plan._html()}</div>"
+        )
 
     def __repr__(self) -> str:
         budget = format_bytes(self.budget_bytes)

@@ -99,9 +99,7 @@ def chromium() -> str:
 # Widgets of other owners that carry no static form yet: their missing picture is reported as an
 # expected failure (xfail) instead of hiding the rest of the notebook's checks. By the start of
 # their text/plain; remove an entry once its widget carries text/html beside its view.
-KNOWN_WITHOUT_STATIC_FORM = {
-    "OptimizePanel": "the optimize panel (recompute/panel.py, another owner) shows no static form yet",
-}
+KNOWN_WITHOUT_STATIC_FORM: dict[str, str] = {}
 
 
 def _pictures_expected(notebook: Any) -> list[list[str]]:

@@ -61,6 +61,16 @@ def test_the_amp_choice_shows_no_amp_by_default(setup: Any) -> None:
     assert OptimizePanel(model, step, plan, amp="bf16").amp.label == "bf16"
 
 
+def test_panel_display_carries_a_static_copy_for_pages_without_the_kernel(setup: Any) -> None:
+    model, step, plan = setup
+    panel = OptimizePanel(model, step, plan, steps=1, warmup=0)
+    bundle = panel._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # the live panel first
+    html = bundle["text/html"]
+    assert html.count("<svg") == 1 and "stroke" in html  # the trade-off figure, drawn
+    assert "static copy" in html and plan._html() in html  # and the plan's table
+
+
 def test_apply_button_measures_and_shows_comparison(setup: Any) -> None:
     model, step, plan = setup
     panel = OptimizePanel(model, step, plan, steps=1, warmup=0)
