@@ -68,7 +68,11 @@ try:
 except nbt.NbtError as exc:
     out = {"outcome": "error", "type": type(exc).__name__, "message": str(exc)}
 out["seconds"] = time.perf_counter() - start
-out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM is this program's own peak: ru_maxrss would carry the parent's peak across exec, so a
+# reader run from a large test session would seem to use what the session used
+out["peak_rss"] = next(
+    int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")
+)
 print("BOUNDED " + json.dumps(out))
 """
 

@@ -172,8 +172,10 @@ def json_depth() -> Iterator[int]:
     """Within the block, JSON decoders may nest ``NBT_MAX_JSON_DEPTH`` levels below the caller.
 
     msgspec (and Python's json) bound nesting with Python's recursion limit, counted from the
-    caller's own depth, so how deep a value may nest would depend on who calls. The limit is
-    raised for the block to leave the configured depth free, and restored (never lowered).
+    caller's own depth, so how deep a value may nest would depend on who calls. For the block
+    the limit is set to leave exactly the configured depth free, and restored afterwards. It
+    is lowered too when it was higher: torch.compile and other libraries raise the process's
+    limit (to 2,000 and more), and the configured depth must hold in a notebook that used them.
     A value nested deeper raises RecursionError, which the readers turn into their error
     naming the limit. Yields the limit.
     """
@@ -183,12 +185,11 @@ def json_depth() -> Iterator[int]:
         frame, here = frame.f_back, here + 1  # type: ignore[assignment]
     needed = here + depth + 50
     old = sys.getrecursionlimit()
-    if needed > old:
-        sys.setrecursionlimit(needed)
+    sys.setrecursionlimit(needed)
     try:
         yield depth
     finally:
-        if needed > old and sys.getrecursionlimit() == needed:
+        if sys.getrecursionlimit() == needed:
             sys.setrecursionlimit(old)
 
 

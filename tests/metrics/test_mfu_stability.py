@@ -45,6 +45,10 @@ SCRIPT = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
     import nbtoolkit as nbt
+    # one intra-op thread: with two on this 2-core machine the same step ran 21 or 28 ms from one
+    # fresh model to the next (where the OS put the second thread), a spread of the machine, not of
+    # the measurement; the peak is then measured for one thread too
+    torch.set_num_threads(1)
     from nbtoolkit.metrics.cpu_peak import clear_cpu_peaks, cpu_peak
 
     class Block(nn.Module):

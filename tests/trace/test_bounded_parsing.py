@@ -273,6 +273,24 @@ def test_the_depth_limit_is_raisable_and_bounded(tmp_path, monkeypatch):
         nbt.load_trace(path)
 
 
+def test_the_depth_limit_holds_after_a_library_raised_the_recursion_limit(tmp_path):
+    """torch.compile raises the process's recursion limit; the configured JSON depth must still hold."""
+    import sys
+
+    path = tmp_path / "rank0.json"
+    path.write_text(
+        _doc([_event(args={"x": 0})]).decode().replace('{"x": 0}', '{"x": ' + "[" * 1500 + "]" * 1500 + "}")
+    )
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)
+    try:
+        with pytest.raises(TraceError, match="NBT_MAX_JSON_DEPTH"):
+            nbt.load_trace(path)
+        assert sys.getrecursionlimit() == 50_000  # the caller's limit is given back
+    finally:
+        sys.setrecursionlimit(old)
+
+
 # ------------------------------------------------------------------ integers past 64 bits
 def test_a_step_number_past_64_bits_is_a_trace_error(tmp_path):
     path = tmp_path / "rank0.json"
