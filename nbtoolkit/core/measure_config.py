@@ -80,7 +80,7 @@ class MeasureConfig:
         synchronize: wait for the device (CUDA, XPU, MPS) around every timed step, so a
             timer never stops before the step's device work ends. Turn off only to see the
             host-side time of an asynchronous step.
-        memory: also measure the peak memory (``nbt.optimize``/``measure_step``: one more step
+        memory: also measure the peak memory (``nbt.optimize``: one more step
             under the memory profiler).
         categories: in that step, also split the peak by torch's memory categories.
         metrics: also count FLOPs (MFU, HFU) where the API offers it (``nbt.optimize``).

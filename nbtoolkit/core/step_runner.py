@@ -9,7 +9,7 @@ can reset and read the device's peak allocated memory around the measured steps.
 
 An exception raised by the step becomes one :class:`~nbtoolkit.core.errors.StepError` naming the
 step and the call that failed, with the original chained (:func:`call_step`), on every path
-that measures a step: ``measure_step``/``nbt.optimize``, ``nbt.step_metrics``,
+that measures a step: ``nbt.optimize``, ``nbt.step_metrics``,
 ``nbt.plan_recompute``, ``nbt.capture_graphs`` and the DeepSpeed ranks.
 """
 

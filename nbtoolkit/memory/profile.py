@@ -1,6 +1,6 @@
 """Every run of torch's memory profiler, and the one walk of what it records.
 
-``nbt.memory_timeline``, ``measure_step`` and the recompute planner all run a step under
+``nbt.memory_timeline``, ``nbt.optimize`` and the recompute planner all run a step under
 ``torch.profiler.profile(profile_memory=True)`` through :func:`run_memory_profiled`, and
 read the result through the two walkers here:
 

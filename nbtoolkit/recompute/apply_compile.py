@@ -2,7 +2,7 @@
 
 ``compile_model`` replaces the model's ``forward`` (an instance attribute; the class is
 untouched) by ``torch.compile(forward, mode=..., fullgraph=..., dynamic=..., backend=...)``.
-Compilation itself happens lazily on the first call; :func:`~nbtoolkit.recompute.measure.measure_step`
+Compilation itself happens lazily on the first call; :mod:`~nbtoolkit.recompute.paired_measure`
 reports that time as ``compile_time_s`` (warm-up time beyond the steady step time) and
 counts graphs and graph breaks from torch._dynamo's counters.
 """

@@ -1,6 +1,6 @@
 """Measurements of a training step and a before/after comparison of two of them.
 
-A :class:`Measurement` is what :func:`nbtoolkit.recompute.measure.measure_step`
+A :class:`Measurement` is what :mod:`nbtoolkit.recompute.paired_measure`
 records for one configuration of a model: the median step time with its spread,
 the peak memory (total and by torch's memory categories), the compile time and
 graph breaks when the model was compiled, and the losses the steps returned.

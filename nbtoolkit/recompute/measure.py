@@ -3,7 +3,8 @@
 What is measured, and how:
 
 * **Step time**: ``warmup`` steps are run first (compilation happens there), then
-  ``steps`` steps are timed one by one by :func:`nbtoolkit.core.step_runner.run_steps`; the
+  ``steps`` steps are timed one by one, interleaved with the other configuration's
+  (:mod:`nbtoolkit.recompute.paired_measure`); the
   median is ``step_time_s`` and the interquartile range (p75 - p25) is ``step_time_spread_s``.
   The clock is read after a device synchronisation. ``step_cpu_time_s`` is the
   median processor time of the same steps (``time.process_time``): on a machine shared with
@@ -43,8 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.step_runner import call_step, run_steps, step_name
+from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.core.step_runner import call_step
 from nbtoolkit.memory import profile as memory_profile
 from nbtoolkit.memory.profile import MARK_PREFIX, MemorySeries, mark
 from nbtoolkit.recompute.comparison import Measurement
@@ -54,7 +55,6 @@ __all__ = [
     "MemorySeries",
     "check_step",
     "mark",
-    "measure_step",
     "profile_memory_series",
     "run_step",
 ]
@@ -208,53 +208,3 @@ def add_flops_and_memory(
         measurement.peak_by_category = by_category
         measurement.losses.append(loss_value(series.value))
         tick("memory step")
-
-
-def measure_step(
-    step: Callable[[], Any],
-    *,
-    label: str = "step",
-    steps: int | None = None,
-    warmup: int | None = None,
-    compiled: bool = False,
-    applied: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-    config: MeasureConfig | None = None,
-) -> Measurement:
-    """Measure one configuration of a step as the module docstring describes; a :class:`Measurement`.
-
-    Runs ``warmup + steps`` steps, plus one profiled step when ``memory`` is true, plus one
-    step under torch's FLOP counter when ``metrics`` is true (model/hardware FLOPs, MFU, HFU
-    and, with ``tokens_per_step``, tokens/s land in ``measurement.extra``).
-    ``config`` (a :class:`~nbtoolkit.MeasureConfig`) says how: steps, warm-up, ``memory``,
-    ``categories``, ``metrics`` (the FLOP-counted step) and ``tokens_per_step``; ``steps=`` and
-    ``warmup=`` override its fields.
-    ``compiled`` says the step runs compiled code, so compile time and graph breaks are reported.
-    ``applied`` is what was applied, recorded in ``measurement.config``.
-    ``progress(done, total, what)`` is called after every step.
-    Two configurations to compare are measured by ``nbt.optimize``, interleaved, not by two calls
-    of this function one after the other.
-    """
-    check_step(step)
-    settings = measure_config(config, steps=steps, warmup=warmup)
-    total = settings.warmup + settings.steps + (1 if settings.memory else 0) + (1 if settings.metrics else 0)
-    done = 0
-
-    def tick(what: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, f"{label}: {what}")
-
-    counts_before = dynamo_counts() if compiled else (0, {})
-    values: list[Any] = []
-    run = run_steps(keeping_values(step, values), settings, name=step_name(step), on_step=tick)
-    measurement = timed_measurement(
-        label, times=run.times_s, cpu_times=run.cpu_times_s, warm_times=run.warmup_times_s, values=values,
-        applied=applied,
-    )
-    values.clear()
-    if compiled:
-        add_compile_counts(measurement, counts_before, dynamo_counts())
-    add_flops_and_memory(measurement, step, settings, tick)
-    return measurement

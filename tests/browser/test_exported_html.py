@@ -18,7 +18,6 @@ Screenshots are kept in out/browser/ for a person.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -96,12 +95,6 @@ def chromium() -> str:
     return CHROMIUM
 
 
-# Widgets of other owners that carry no static form yet: their missing picture is reported as an
-# expected failure (xfail) instead of hiding the rest of the notebook's checks. By the start of
-# their text/plain; remove an entry once its widget carries text/html beside its view.
-KNOWN_WITHOUT_STATIC_FORM: dict[str, str] = {}
-
-
 def _pictures_expected(notebook: Any) -> list[list[str]]:
     """Per code cell, per output: "figure", "widget" or "" (an output with nothing to draw)."""
     return [
@@ -110,13 +103,6 @@ def _pictures_expected(notebook: Any) -> list[list[str]]:
         for cell in notebook.cells
         if cell.cell_type == "code"
     ]  # fmt: skip
-
-
-def _known_gap(notebook: Any, cell: int, index: int) -> str | None:
-    """Why the output has no static form, if it is a widget listed in KNOWN_WITHOUT_STATIC_FORM."""
-    code_cells = [c for c in notebook.cells if c.cell_type == "code"]
-    text = str(code_cells[cell].outputs[index].get("data", {}).get("text/plain", ""))
-    return next((why for start, why in KNOWN_WITHOUT_STATIC_FORM.items() if text.startswith(start)), None)
 
 
 def _export(notebook: Any, folder: Path, name: str) -> Path:
@@ -211,11 +197,4 @@ def test_make_demo_html_shows_every_figure(chromium: str, tmp_path: Path, name: 
     copied = tmp_path / f"{name}.html"
     shutil.copy(ROOT / "out" / "html" / f"{name}.html", copied)
     shown = _open_offline(chromium, copied, SCREENSHOTS / f"exported_{name}.png")
-    missing = _missing_pictures(name, _pictures_expected(notebook), shown)
-    known = {
-        m: _known_gap(notebook, *(int(v) for v in re.findall(r"cell (\d+) output (\d+)", m)[0]))
-        for m in missing
-    }
-    assert [m for m, why in known.items() if why is None] == []
-    if known:
-        pytest.xfail("; ".join(sorted({str(why) for why in known.values()})))
+    assert _missing_pictures(name, _pictures_expected(notebook), shown) == []
