@@ -44,7 +44,7 @@ from typing import Any
 
 from nbtoolkit.core import loop_boundaries
 from nbtoolkit.core.errors import LoopEndedError, LoopError, NbtError, StepError, TrainingStopped
-from nbtoolkit.core.loop_stop import PLAIN_LOOP, Framework, find_framework
+from nbtoolkit.core.loop_stop import PLAIN_LOOP, Framework, find_framework, framework_of
 from nbtoolkit.core.loop_watchdog import StepTimeLimit, Watchdog
 
 __all__ = ["LoopOutcome", "LoopSteps", "default_step_time_limit"]
@@ -159,6 +159,7 @@ class _Run:
         self.caller: Any = None
         self.mode = "pause"  # "pause" at each step's end | "stop" (finishing) | "run" (to the end)
         self.framework: Framework | None = None
+        self.known: Framework | None = None  # the framework the caller named (train_step)
         self.lead: Any = None  # the first optimizer seen
         self.closing: Any = None  # the optimizer whose end ends a step (None: being learned)
         self.cycle_known = False
@@ -171,13 +172,14 @@ class _Run:
         self.scaler = False
         self.watchdog = Watchdog()
         self.first_step = True
+        self.most_optimizers = 0  # the most optimizers one run of the loop stepped
 
     # ---- events from loop_boundaries (in the loop greenlet) ----
     def optimizer_started(self, optimizer: Any) -> None:
         if self.framework is None:
             self.framework = find_framework()
-            if self.framework.known_optimizers() == 1:
-                self.cycle_known = True
+        if self.lead is None and self.framework.known_optimizers() == 1:
+            self.cycle_known = True
         if self.lead is None:
             self.lead = self.closing = optimizer
         if all(optimizer is not known for known in self.seen):
@@ -232,7 +234,11 @@ class _Run:
         self.glet = greenlet.greenlet(self.body)
         # the loop sees the caller's context variables (a new greenlet would start with none)
         self.glet.gr_context = contextvars.copy_context()
-        self.mode, self.framework, self.first_step = "pause", None, True
+        self.mode, self.framework, self.first_step = "pause", self.known, True
+        # a restarted trainer may make new optimizers (Lightning's configure_optimizers): learn again
+        self.most_optimizers = max(self.most_optimizers, len(self.seen))
+        self.lead = self.closing = self.last_finished = None
+        self.cycle_known, self.seen = False, []
         loop_boundaries.listen(self.glet, self)
 
     def resume(self, *, throw: type[BaseException] | None = None) -> tuple[str, Any]:
@@ -306,6 +312,9 @@ class LoopSteps:
             ``NBTOOLKIT_LOOP_STEP_LIMIT`` or 120 s; the first, which runs the loop's setup, gets three
             times as long).
         name: how messages name the loop (default from the callable: ``"trainer.train()"``).
+        trainer: the HF / Lightning trainer that runs the loop, when the caller knows it
+            (``nbt.train_step`` passes it); otherwise it is found in the loop's frames at its first
+            optimizer step.
 
     Use as a context manager, or call :meth:`close` (closed on garbage collection too)::
 
@@ -323,6 +332,7 @@ class LoopSteps:
         restart: bool = False,
         step_time_limit_s: float | None = None,
         name: str | None = None,
+        trainer: Any = None,
     ) -> None:
         if not callable(loop):
             raise LoopError(
@@ -345,6 +355,8 @@ class LoopSteps:
         self.outcome: LoopOutcome | None = None
         self.model: Any = None  # the model the loop trains when known (nbt.train_step sets it)
         self._run = _Run(loop, label, limit)
+        kind = framework_of(trainer) if trainer is not None else None
+        self._run.known = Framework(kind, trainer) if kind is not None else None
         self._record = LoopOutcome(label=label)
         self._started = False
         self._closed = False
@@ -531,8 +543,7 @@ class LoopSteps:
         if kind != "step":
             self._settle(kind, value, ended_by="ran to its end")
             self._fail_ended(
-                f"{self.__name__} was started again and gave no step: the trainer has no steps left "
-                "(raise max_steps / max_epochs, or give it more data)",
+                f"{self.__name__} was started again and gave no step: the trainer has no steps left",
                 plain=False,
             )
         self._record.warmup_steps += 1
@@ -555,11 +566,12 @@ class LoopSteps:
     def _fail_ended(self, what: str, *, plain: bool = True) -> None:
         self._close_record()
         asked = f" of the {self._asked} asked" if self._asked is not None else ""
+        found = self._run.framework or Framework(PLAIN_LOOP)
         advice = (
             " Give the loop more steps (the trainer's max_steps / max_epochs, or more data), or ask fewer "
             "steps or warm-up steps"
             if plain
-            else " Check that the loop calls optimizer.step()"
+            else " " + found.no_steps_advice()
         )
         raise LoopEndedError(
             f"{what} after {self._record.warmup_steps} warm-up and {self.steps_done} measured step(s)"
@@ -572,7 +584,7 @@ class LoopSteps:
             run = self._run
             record = self._record
             record.framework = self.framework
-            record.optimizers = len(run.seen)
+            record.optimizers = max(run.most_optimizers, len(run.seen))
             record.grad_scaler = run.scaler
             if record.stopped_by == "still running" and (run.glet is None or run.glet.dead):
                 record.stopped_by = "ran to its end"
