@@ -39,7 +39,9 @@ def tiny_hf_trainer(tmp_path: Path, *, max_steps: int = 8, accumulation: int = 1
     return Trainer(model=model, args=args, train_dataset=dataset)
 
 
-def tiny_lightning(*, max_steps: int = 8, manual_gan: bool = False) -> tuple[Any, Any, Any]:
+def tiny_lightning(
+    *, max_steps: int = 8, manual_gan: bool = False, min_steps: int | None = None
+) -> tuple[Any, Any, Any]:
     """(a real Lightning Trainer on CPU, a LightningModule, a LightningDataModule) with a tiny MLP.
 
     ``manual_gan``: the module steps two optimizers itself per batch (manual optimization).
@@ -85,6 +87,7 @@ def tiny_lightning(*, max_steps: int = 8, manual_gan: bool = False) -> tuple[Any
         accelerator="cpu",
         devices=1,
         max_steps=max_steps,
+        min_steps=min_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
