@@ -203,6 +203,10 @@ class _Run:
         self.skipped_now = self.skipped_now or skipped
         if optimizer is not self.closing:
             return
+        if self.mode != "pause":
+            # running on unmeasured (to its end, or to the stop its framework was asked for): the
+            # time limit holds for each step, not for the rest of the run
+            self.watchdog.arm(self.thread, self.limit_s)
         if self.mode == "run":
             return
         if self.mode == "stop":
@@ -362,6 +366,7 @@ class LoopSteps:
         self._closed = False
         self._asked: int | None = None
         self._finalizer = weakref.finalize(self, _close_abandoned, self._run)
+        self._finalizer.atexit = False  # at interpreter exit a paused loop is left, not resumed
 
     # ---- public ----
     @property

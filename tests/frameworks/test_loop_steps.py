@@ -281,6 +281,43 @@ def test_a_slow_step_after_the_first_is_stopped_at_the_time_limit() -> None:
             step()
 
 
+def test_the_time_limit_holds_per_step_when_the_loop_runs_on_to_its_end() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    done: list[int] = []
+
+    def loop() -> str:
+        for _ in range(40):  # 40 steps of ~20 ms: the rest of the run is longer than the limit
+            model(torch.randn(2, 8)).sum().backward()
+            time.sleep(0.02)
+            done.append(1)
+            optimizer.step()
+        return "end"
+
+    step = LoopSteps(loop, warmup=1, after="continue", step_time_limit_s=0.4)
+    step()
+    outcome = step.finish()
+    assert outcome.loop_value == "end" and len(done) == 40
+
+
+def test_a_keyboard_interrupt_in_the_loop_reaches_the_caller_as_it_is() -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loop() -> None:
+        for index in range(10):
+            model(torch.randn(2, 8)).sum().backward()
+            optimizer.step()
+            if index == 1:
+                raise KeyboardInterrupt
+
+    step = LoopSteps(loop, warmup=1)
+    step()  # index 1's optimizer step; the interrupt comes right after it
+    with pytest.raises(KeyboardInterrupt):
+        step()
+    assert step.outcome is not None  # closed: the fixture checks the hooks are gone
+
+
 def test_a_loop_that_raises_becomes_a_step_error_chained_to_it() -> None:
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
