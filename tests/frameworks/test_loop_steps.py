@@ -439,3 +439,13 @@ def test_bad_arguments_are_usage_errors() -> None:
         LoopSteps(lambda: None, after="later")
     with pytest.raises(LoopError, match="warmup"):
         LoopSteps(lambda: None, warmup=-1)
+
+
+def test_the_step_time_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nbtoolkit.core.training_loop import default_step_time_limit
+
+    monkeypatch.setenv("NBTOOLKIT_LOOP_STEP_LIMIT", "300")
+    assert default_step_time_limit() == 300.0
+    monkeypatch.setenv("NBTOOLKIT_LOOP_STEP_LIMIT", "soon")
+    with pytest.raises(LoopError, match="NBTOOLKIT_LOOP_STEP_LIMIT='soon' is not a number"):
+        LoopSteps(lambda: None)
