@@ -36,6 +36,7 @@ import contextlib
 import contextvars
 import os
 import statistics
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -173,6 +174,9 @@ class _Run:
         self.watchdog = Watchdog()
         self.first_step = True
         self.most_optimizers = 0  # the most optimizers one run of the loop stepped
+        # other optimizers the loop can reach at its first optimizer step (its frames' variables):
+        # a cycle of several may be ahead, so the warm-up runs until the cycle is learned
+        self.others_in_reach = False
 
     # ---- events from loop_boundaries (in the loop greenlet) ----
     def optimizer_started(self, optimizer: Any) -> None:
@@ -182,6 +186,8 @@ class _Run:
             self.cycle_known = True
         if self.lead is None:
             self.lead = self.closing = optimizer
+            if not self.cycle_known:
+                self.others_in_reach = _other_optimizers_in_reach(sys._getframe(1), optimizer, self.framework)
         if all(optimizer is not known for known in self.seen):
             self.seen.append(optimizer)
         if optimizer is self.lead:
@@ -242,7 +248,7 @@ class _Run:
         # a restarted trainer may make new optimizers (Lightning's configure_optimizers): learn again
         self.most_optimizers = max(self.most_optimizers, len(self.seen))
         self.lead = self.closing = self.last_finished = None
-        self.cycle_known, self.seen = False, []
+        self.cycle_known, self.seen, self.others_in_reach = False, [], False
         loop_boundaries.listen(self.glet, self)
 
     def resume(self, *, throw: type[BaseException] | None = None) -> tuple[str, Any]:
@@ -288,6 +294,42 @@ class _Run:
         if self.glet is not None:
             loop_boundaries.unlisten(self.glet)
         self.watchdog.close()
+
+
+def _is_optimizer(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, torch.optim.Optimizer)
+
+
+def _other_optimizers_in_reach(frame: Any, lead: Any, framework: Framework) -> bool:
+    """Whether the loop holds optimizers besides ``lead`` (a wrapper of it, such as accelerate's
+    AcceleratedOptimizer, does not count): in its frames' variables, one container deep, or in its
+    Lightning trainer's ``optimizers``. Read once, at the loop's first optimizer step."""
+    if framework.kind != PLAIN_LOOP:
+        return len(getattr(framework.trainer, "optimizers", None) or []) > 1
+
+    def other(obj: Any) -> bool:
+        return _is_optimizer(obj) and obj is not lead and getattr(obj, "optimizer", None) is not lead
+
+    root = _Run.body.__code__
+    while frame is not None and frame.f_code is not root:  # the loop's own frames, not the caller's
+        # its variables, and the globals its code names (a loop written at a notebook's top level)
+        names = frame.f_code.co_names
+        found = [frame.f_globals[name] for name in names if name in frame.f_globals]
+        for value in [*frame.f_locals.values(), *found]:
+            if other(value):
+                return True
+            if isinstance(value, list | tuple):
+                items: Any = value
+            elif isinstance(value, dict):
+                items = value.values()
+            else:
+                continue
+            if any(other(item) for item in list(items)[:64]):
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _close_abandoned(run: _Run) -> None:
@@ -486,6 +528,12 @@ class LoopSteps:
 
     def _warm_up(self) -> None:
         for _ in range(self.warmup):
+            self._advance(measured=False)
+            self._record.warmup_steps += 1
+        run = self._run
+        if self.warmup and not run.cycle_known and run.others_in_reach:
+            # The loop holds other optimizers: one more unmeasured step sees whether they step in
+            # its cycle (the lead steps again at its end), so that no measured step learns it.
             self._advance(measured=False)
             self._record.warmup_steps += 1
 

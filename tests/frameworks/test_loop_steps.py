@@ -158,6 +158,17 @@ def test_two_optimizers_a_step_ends_after_the_one_that_closes_the_cycle() -> Non
     assert outcome.backward_passes_per_step == [2, 2]
 
 
+def test_a_loop_holding_two_optimizers_warms_up_until_its_cycle_is_learned() -> None:
+    order: list[str] = []
+    with LoopSteps(two_optimizer_loop(30, order), warmup=1) as step:
+        step.start()
+        assert order == ["critic", "generator", "critic", "generator"]  # one more warm-up step
+        step()
+        assert order[4:] == ["critic", "generator"]
+    outcome = step.outcome
+    assert outcome is not None and outcome.warmup_steps == 2 and outcome.irregular_steps == 0
+
+
 def test_a_cycle_learned_in_a_measured_step_is_reported() -> None:
     order: list[str] = []
     with LoopSteps(two_optimizer_loop(30, order), warmup=0) as step:
