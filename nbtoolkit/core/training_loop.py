@@ -137,6 +137,8 @@ class LoopOutcome:
 def _label_of(loop: Callable[[], Any]) -> str:
     owner = getattr(loop, "__self__", None)
     name = getattr(loop, "__name__", None) or type(loop).__name__
+    if name == "<lambda>":
+        return "the training loop"
     if owner is not None:
         return f"{type(owner).__name__.lower()}.{name}()"
     return f"{name}()"

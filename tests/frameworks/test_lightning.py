@@ -57,7 +57,9 @@ def test_a_stop_flag_the_trainer_does_not_honour_falls_back_to_raising() -> None
     assert outcome is not None and outcome.stopped_by.startswith("nbtoolkit.TrainingStopped")
     # the flag was given three more optimizer steps, then the loop was stopped by raising
     assert trainer.global_step == 2 + 3
-    assert trainer.global_step < 30
+    # stopped by raising through Lightning's interrupt handling, the Trainer still fits on
+    trainer.fit(module, datamodule=data)
+    assert trainer.global_step == 40
 
 
 def test_a_trainer_at_its_max_steps_says_it_has_no_steps_left() -> None:
