@@ -165,7 +165,15 @@ class LoopSteps:
             (``nbt.train_step`` passes it); otherwise it is found in the loop's frames at its first
             optimizer step.
 
-    Use as a context manager, or call :meth:`close` (closed on garbage collection too)::
+    Attributes:
+        steps_done: ``step()`` calls completed after the warm-up.
+        outcome: the :class:`LoopOutcome`, once finished (None before).
+        model: the model the loop trains when known (``nbt.train_step`` sets it), else None.
+        optimizer / framework / trainer: the lead optimizer, the framework's name and its trainer,
+            known once the loop stepped an optimizer.
+
+    Measuring code that calls ``step()`` N times in a row calls :meth:`reserve` (N) first, outside
+    its timers. Use as a context manager, or call :meth:`close` (closed on garbage collection too)::
 
         with LoopSteps(trainer.train, warmup=2) as step:
             nbt.profile(step, steps=3)
