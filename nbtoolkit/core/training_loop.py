@@ -284,9 +284,9 @@ class LoopSteps:
         left = found.steps_left() if found is not None and not self._run.glet.dead else None
         if left is None or left >= steps:
             return
+        self._stop_loop()  # through the trainer's own flag, as finish() does
         if not self.restart:
-            self._fail_ended(f"the trainer has {left} step(s) left of the {steps} asked")
-        self._stop_loop()
+            self._fail_ended(f"the trainer has only {left} step(s) left")
         self._restart_or_fail()
 
     def finish(self) -> LoopOutcome:

@@ -71,6 +71,17 @@ def test_a_trainer_out_of_steps_restarts_and_reserve_restarts_it_before_measurin
     assert outcome.warmup_steps == 3
 
 
+def test_reserve_without_restart_says_the_steps_do_not_fit_before_measuring(tmp_path: Path) -> None:
+    trainer = tiny_hf_trainer(tmp_path, max_steps=4)
+    step = LoopSteps(trainer.train, warmup=1)
+    expected = r"only 3 step\(s\) left after 1 warm-up and 0 measured step\(s\) of the 5 asked"
+    with pytest.raises(nbt.LoopEndedError, match=expected) as caught:
+        step.reserve(5)
+    assert caught.value.measured == 0
+    # stopped through the trainer's flag, not by an exception through it
+    assert step.outcome is not None and step.outcome.stopped_by == "HF control.should_training_stop"
+
+
 def test_train_step_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     known = r"transformers\.Trainer.*Lightning Trainer.*zero-argument callable"
     with pytest.raises(nbt.LoopError, match=known):
