@@ -1,0 +1,346 @@
+"""A sweep of FSDP2's knobs on the cluster's ranks, and its reading.
+
+    sweep = fsdp2_sweep(cluster, make_model, make_batch)     # an Fsdp2Sweep result
+    sweep.table; sweep.figure(); print(sweep.reading())
+
+Each configuration is a :class:`~nbtoolkit.integrations.fsdp2.wrap.ShardSettings`
+(``reshard_after_forward``, ``forward_prefetch``, ``backward_prefetch``, ``param_dtype``,
+``reduce_dtype``); the model is built on every rank, sharded with ``shard_model`` (``fully_shard``
+per repeated block, then the root) and trained with AdamW. What is measured per configuration is
+what the ZeRO sweep measures, the same way (:mod:`nbtoolkit.integrations.rank_measure`,
+:mod:`nbtoolkit.integrations.sweep_common`):
+
+- **step time**: the median over ``steps`` timed steps of the slowest rank, after ``warmup``;
+- **communication, exposed communication, overlap**: from a profiler trace of as many more steps,
+  :func:`nbtoolkit.comm_comp_overlap` per step, mean over ranks; collective calls of rank 0 per step;
+- **peak memory per rank** (``peak_mb`` the largest, ``peak_mb_per_rank`` each): on GPUs the
+  allocator's peak; on CPUs the configuration's live tensors plus the profiler's highest
+  allocation growth during the profiled steps;
+- **noise**: the baseline (first configuration) runs again after the last; its drift and the
+  step-time spreads bound which step-time changes are named.
+
+Mixed precision on CPU ranks: bf16 matmuls run on CPUs, and gloo reduce-scatters, all-gathers and
+all-reduces bf16 and fp16 tensors (checked with torch 2.13), so ``param_dtype``/``reduce_dtype``
+"bf16" work on the CPU test cluster; bf16 compute on a CPU is often slower than fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig, measure_config
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.integrations.fsdp2.sweep_rank import sweep_one_on_rank
+from nbtoolkit.integrations.fsdp2.wrap import ShardSettings
+from nbtoolkit.integrations.sweep_common import (
+    NOISE,
+    change,
+    differs,
+    measured_row,
+    rerun_drift,
+    spread_share,
+    verb,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from nbtoolkit.cluster.cluster import Cluster
+    from nbtoolkit.trace.trace import Trace
+
+__all__ = ["KNOBS", "Fsdp2Sweep", "default_fsdp2_settings", "fsdp2_sweep", "read_fsdp2_sweep"]
+
+#: FSDP2's knobs as the sweep varies them (the fields of ShardSettings).
+KNOBS = tuple(f.name for f in dataclasses.fields(ShardSettings))
+
+
+def default_fsdp2_settings() -> list[ShardSettings]:
+    """FSDP2's defaults, then one knob changed at a time: no resharding after forward, explicit
+    prefetch of two blocks both ways, bf16 parameters with fp32 gradient reduction."""
+    return [
+        ShardSettings(),
+        ShardSettings(reshard_after_forward=False),
+        ShardSettings(forward_prefetch=2, backward_prefetch=2),
+        ShardSettings(param_dtype="bf16", reduce_dtype="fp32"),
+    ]
+
+
+def _as_settings(value: Any) -> ShardSettings:
+    if isinstance(value, ShardSettings):
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(KNOBS))
+        if unknown:
+            raise NbtUsageError(f"unknown FSDP2 knob(s) {unknown} in {value}: use {', '.join(KNOBS)}")
+        return ShardSettings(**value)
+    raise NbtUsageError(
+        f"an FSDP2 configuration is a ShardSettings or a dict of {', '.join(KNOBS)}, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _grid(grid: dict[str, Iterable[Any]]) -> list[ShardSettings]:
+    unknown = sorted(set(grid) - set(KNOBS))
+    if unknown:
+        raise NbtUsageError(f"unknown FSDP2 knob(s) {unknown}: use {', '.join(KNOBS)}")
+    keys = list(grid)
+    combos = itertools.product(*(list(grid[k]) for k in keys))
+    return [ShardSettings(**dict(zip(keys, combo, strict=True))) for combo in combos]
+
+
+def _check(settings: ShardSettings) -> None:
+    from nbtoolkit.integrations.fsdp2.wrap import _DTYPES
+
+    for name in ("forward_prefetch", "backward_prefetch"):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise NbtUsageError(f"{name} is a number of blocks (0, 1, 2, ...), got {value!r} in {settings}")
+    for name in ("param_dtype", "reduce_dtype"):
+        value = getattr(settings, name)
+        if value is not None and value not in _DTYPES:
+            raise NbtUsageError(f"{name}={value!r} in {settings}: use one of {sorted(_DTYPES)} or None")
+
+
+@dataclass(repr=False)  # the repr is Result's (the text summary)
+class Fsdp2Sweep(Result):
+    """One row per FSDP2 configuration: step time, communication, overlap, peak memory per rank."""
+
+    table: pd.DataFrame
+    traces: dict[str, Trace] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    drift: float | None = None
+
+    @property
+    def noise(self) -> float:
+        """The relative step-time change below which no change is named: 10%, or the measured
+        drift of the baseline over the sweep when that is larger."""
+        return max(NOISE, self.drift or 0.0)
+
+    def figure(self) -> Any:
+        """Bars per configuration: step time and exposed communication (ms), peak memory (MB);
+        a figure with a static SVG form for exported notebooks."""
+        from nbtoolkit.cluster.figures import sweep_figure
+
+        return sweep_figure(self.table, title="FSDP2 configurations")
+
+    def reading(self) -> str:
+        """What the knobs changed, in plain words: each configuration against the first, then which
+        is fastest, which uses least memory and what keeping parameters after forward costs."""
+        return read_fsdp2_sweep(self.table, noise=self.noise)
+
+    _COLUMNS = ("config", "step_time_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "collectives_per_step",
+                "peak_mb")  # fmt: skip
+
+    def _text(self) -> str:
+        shown = self.table[list(self._COLUMNS)].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
+        return f"FSDP2 sweep: {len(self.table)} configurations\n{shown}\n\n{self.reading()}" + "".join(
+            f"\nnote: {n}" for n in self.notes
+        )
+
+    def _html(self) -> str:
+        reading = "".join(f"<li>{escape(line)}</li>" for line in self.reading().splitlines())
+        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
+        return (
+            f"<div class='nbt-fsdp2-sweep'><b>FSDP2 sweep</b>: {len(self.table)} configurations "
+            "(times in ms, memory in MB, the largest rank)"
+            + html_table(self.table[list(self._COLUMNS)])
+            + f"<ul>{reading}</ul>{notes}</div>"
+        )
+
+
+def fsdp2_sweep(
+    cluster: Cluster,
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    *,
+    settings: Sequence[ShardSettings | dict[str, Any]] | None = None,
+    grid: dict[str, Iterable[Any]] | None = None,
+    steps: int | None = None,
+    warmup: int | None = None,
+    blocks: Sequence[str] | None = None,
+    lr: float = 1e-3,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    keep_traces: bool = True,
+    config: MeasureConfig | None = None,
+) -> Fsdp2Sweep:
+    """Train a few steps per FSDP2 configuration on every rank of ``cluster`` and measure each.
+
+    Args:
+        model_fn: builds the (unwrapped) model, on each rank, seeded alike; the sweep shards it.
+        batch_fn: ``batch_fn(rank)`` -> ``inputs`` or ``(inputs, targets)`` for that rank.
+        settings: configurations (:class:`ShardSettings` or dicts of :data:`KNOBS`); default
+            :func:`default_fsdp2_settings`. The first is the baseline the reading compares against.
+        grid: instead of settings, every combination of these knob values, e.g.
+            ``{"reshard_after_forward": [True, False], "forward_prefetch": [0, 1, 2]}``.
+        blocks: the modules that get their own ``fully_shard``; default the repeated blocks.
+        loss_fn: ``loss_fn(output, targets)``; default MSE against targets, or mean square.
+        steps, warmup, config: how each configuration is timed (``MeasureConfig``; ``steps=`` and
+            ``warmup=`` given as well win).
+    Returns:
+        An :class:`Fsdp2Sweep` (definitions of each number in the module docstring).
+    """
+    import pandas as pd
+
+    if settings is not None and grid is not None:
+        raise NbtUsageError("give settings or grid, not both")
+    measure = measure_config(config, steps=steps, warmup=warmup)
+    if grid is not None:
+        chosen = _grid(grid)
+    elif settings is not None:
+        chosen = [_as_settings(s) for s in settings]
+    else:
+        chosen = default_fsdp2_settings()
+    if not chosen:
+        raise NbtUsageError("no FSDP2 configurations to run: give at least one setting")
+    for setting in chosen:
+        _check(setting)
+
+    def run_on_ranks(setting: ShardSettings) -> list[dict[str, Any]]:
+        return list(cluster.run(
+            lambda: sweep_one_on_rank(
+                model_fn, batch_fn, setting, measure=measure, lr=lr, loss_fn=loss_fn, blocks=blocks
+            )
+        ))  # fmt: skip
+
+    rows, traces = [], {}
+    for setting in chosen:
+        results = run_on_ranks(setting)
+        measured, trace = measured_row(results, steps=measure.steps)
+        per_rank = [r["peak_bytes"] / 2**20 for r in results]
+        rows.append({"config": setting.label(), **dataclasses.asdict(setting), **measured,
+                     "peak_mb_per_rank": per_rank})  # fmt: skip
+        if keep_traces:
+            traces[setting.label()] = trace
+    table = pd.DataFrame(rows)
+    drift = None
+    if len(chosen) > 1:
+        drift = rerun_drift(float(table["step_time_ms"].iloc[0]), run_on_ranks(chosen[0]))
+    notes = [
+        (f"{measure.steps} timed steps after {measure.warmup} warmup, then {measure.steps} profiled steps, "
+         f"{cluster.world_size} ranks"),
+        ("communication is measured in the profiled steps, which the profiler slows down: compare it "
+         "between configurations, not with the step time"),
+    ]
+    if drift is not None:
+        notes.append(
+            f"the baseline {table['config'].iloc[0]} ran again after the last configuration and its step "
+            f"time moved by {drift:.0%}: step-time changes within ±{max(NOISE, drift):.0%} are not named"
+        )
+    return Fsdp2Sweep(table=table, traces=traces, notes=notes, drift=drift)
+
+
+_WHY = {
+    "reshard_after_forward": (
+        "without resharding after forward, each block keeps its gathered parameters until its backward: "
+        "no second all-gather in backward (fewer collectives), but the whole unsharded model is held "
+        "between forward and backward"
+    ),
+    "forward_prefetch": (
+        "forward prefetch asks for the next blocks' all-gather while the current block runs, so "
+        "communication can hide behind compute, at the cost of holding those blocks' parameters earlier"
+    ),
+    "backward_prefetch": (
+        "backward prefetch does the same in backward, gathering earlier blocks' parameters ahead of time"
+    ),
+    "param_dtype": (
+        "the parameter dtype is what blocks are gathered and computed in: bf16 halves the all-gather "
+        "bytes and the gathered parameters, while the fp32 shards stay for the optimizer, so the bf16 copies "
+        "come on top of them (and on CPUs bf16 matmuls are often slower than fp32)"
+    ),
+    "reduce_dtype": "the reduce dtype is what gradients are reduce-scattered in",
+}
+
+
+def _row_line(row: Any, base: Any, noise: float) -> str:
+    changed = [k for k in KNOBS if differs(row[k], base[k])]
+    what = ", ".join(f"{k}={row[k]}" for k in changed) or "nothing"
+    parts = [
+        verb(change(row["step_time_ms"], base["step_time_ms"]), "step time", f"{row['step_time_ms']:.1f} ms",
+             f"{base['step_time_ms']:.1f} ms", max(noise, spread_share(row, base))),
+        verb(change(row["peak_mb"], base["peak_mb"]), "peak memory", f"{row['peak_mb']:.1f} MB",
+             f"{base['peak_mb']:.1f} MB"),
+        verb(change(row["exposed_comm_ms"], base["exposed_comm_ms"]), "exposed communication",
+             f"{row['exposed_comm_ms']:.1f} ms", f"{base['exposed_comm_ms']:.1f} ms", noise),
+    ]  # fmt: skip
+    calls_new, calls_old = row["collectives_per_step"], base["collectives_per_step"]
+    if calls_new != calls_old:
+        parts.append(f"{calls_new:.0f} collective calls per step instead of {calls_old:.0f}")
+    line = f"{row['config']} (changed {what}): " + "; ".join(parts) + "."
+    why = [_WHY[k] for k in changed if k in _WHY]
+    return line + (" Why: " + " ".join(w + "." for w in why) if why else "")
+
+
+def _band(a: Any, b: Any, noise: float) -> float:
+    """The step-time band within which rows ``a`` and ``b`` are not told apart: the sweep's noise, or
+    their two step-time spreads relative to ``b`` when larger."""
+    return max(noise, spread_share(a, b))
+
+
+def _clearly_apart(a: Any, b: Any, noise: float) -> bool:
+    """Whether row ``a``'s step time differs from row ``b``'s by more than their band."""
+    ratio = change(a["step_time_ms"], b["step_time_ms"])
+    return math.isfinite(ratio) and abs(ratio) >= _band(a, b, noise)
+
+
+def _reshard_pairs(table: pd.DataFrame) -> list[tuple[Any, Any]]:
+    """(resharding row, non-resharding row) pairs that differ in reshard_after_forward only."""
+    others = [k for k in KNOBS if k != "reshard_after_forward"]
+    pairs = []
+    kept = table[~table["reshard_after_forward"].astype(bool)]
+    for _, yes in table[table["reshard_after_forward"].astype(bool)].iterrows():
+        for _, no in kept.iterrows():
+            if not any(differs(yes[k], no[k]) for k in others):
+                pairs.append((yes, no))
+    return pairs
+
+
+def read_fsdp2_sweep(table: pd.DataFrame, *, noise: float = NOISE) -> str:
+    """The reading in plain words: one line per configuration against the first (the baseline), then
+    the fastest, the least memory, and what ``reshard_after_forward=False`` costs and gains.
+
+    A step-time difference under ``noise`` (or under the rows' step-time spreads) is called within
+    the noise, never named as a gain.
+    """
+    if table.empty:
+        return "no configurations were run"
+    base = table.iloc[0]
+    lines = [(
+        f"baseline {base['config']}: {base['step_time_ms']:.1f} ms per step, "
+        f"{base['exposed_comm_ms']:.1f} ms exposed communication ({base['overlap_pct']:.0f}% of "
+        f"communication overlapped), {base['peak_mb']:.1f} MB peak on the largest rank."
+    )]
+    lines += [_row_line(row, base, noise) for _, row in table.iloc[1:].iterrows()]
+    if len(table) > 1:
+        fastest = table.loc[table["step_time_ms"].idxmin()]
+        second = table.drop(index=fastest.name).sort_values("step_time_ms").iloc[0]
+        if _clearly_apart(second, fastest, noise):
+            lines.append(f"fastest: {fastest['config']} ({fastest['step_time_ms']:.1f} ms per step), clearly "
+                         f"ahead of the next, {second['config']} ({second['step_time_ms']:.1f} ms).")
+        else:
+            lines.append(f"fastest measured: {fastest['config']} ({fastest['step_time_ms']:.1f} ms per "
+                         f"step), but {second['config']} ({second['step_time_ms']:.1f} ms) is within the "
+                         f"±{_band(second, fastest, noise):.0%} noise of it: no configuration is clearly "
+                         "fastest.")
+        least = table.loc[table["peak_mb"].idxmin()]
+        lines.append(f"least memory: {least['config']} ({least['peak_mb']:.1f} MB peak on the largest rank).")
+    for yes, no in _reshard_pairs(table):
+        memory = no["peak_mb"] - yes["peak_mb"]
+        saved = yes["step_time_ms"] - no["step_time_ms"]
+        timing = (
+            f"{'gains' if saved > 0 else 'loses'} {abs(saved):.1f} ms per step"
+            if _clearly_apart(no, yes, noise)
+            else f"its step time is within the ±{_band(no, yes, noise):.0%} noise "
+            f"({yes['step_time_ms']:.1f} -> {no['step_time_ms']:.1f} ms)"
+        )
+        lines.append(
+            f"reshard_after_forward=False against {yes['config']}: costs {memory:+.1f} MB peak per rank "
+            f"({yes['peak_mb']:.1f} -> {no['peak_mb']:.1f} MB) and {timing}; collective calls per step "
+            f"{yes['collectives_per_step']:.0f} -> {no['collectives_per_step']:.0f}."
+        )
+    return "\n".join(lines)

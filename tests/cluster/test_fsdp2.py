@@ -1,0 +1,108 @@
+"""FSDP2 on a 2-rank local cluster: the sweep of its knobs, and recompute plans under it.
+
+Real ranks, a real gloo group, real ``fully_shard``: every number is measured on the ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+
+def _stack():  # built on each rank: four repeated blocks whose parameters dominate the memory
+    import torch
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()) for _ in range(4)
+            )
+            self.head = torch.nn.Linear(256, 256)
+
+        def forward(self, x: Any) -> Any:
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return Stack()
+
+
+def _stack_batch(rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(8, 256, generator=g), torch.randn(8, 256, generator=g)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    import nbtoolkit as nbt
+
+    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
+    try:
+        yield cl
+    finally:
+        cl.close()
+
+
+def test_fsdp2_sweep_measures_each_configuration_on_every_rank(cluster: Any) -> None:
+    from nbtoolkit.core.static_figure import StaticFigure, static_html
+    from nbtoolkit.integrations.fsdp2.sweep import fsdp2_sweep
+    from nbtoolkit.integrations.fsdp2.wrap import ShardSettings
+
+    sweep = fsdp2_sweep(
+        cluster, _stack, _stack_batch, steps=3, warmup=1,
+        settings=[
+            ShardSettings(),
+            ShardSettings(reshard_after_forward=False),
+            {"forward_prefetch": 2, "backward_prefetch": 2},
+            ShardSettings(param_dtype="bf16", reduce_dtype="bf16"),
+        ],
+    )  # fmt: skip
+    table = sweep.table
+    print(sweep)
+    assert list(table["config"]) == [
+        "reshard", "no reshard", "reshard, fwd-prefetch 2, bwd-prefetch 2",
+        "reshard, bf16 params, bf16 reduce",
+    ]
+    assert (table["step_time_ms"] > 0).all() and (table["peak_mb"] > 0).all()
+    assert (table["comm_ms"] > 0).all(), "gloo collectives should be found in every trace"
+    assert all(len(p) == 2 and min(p) > 0 for p in table["peak_mb_per_rank"])
+    assert table["peak_mb"].tolist() == [max(p) for p in table["peak_mb_per_rank"]]
+    reshard, kept = table.iloc[0], table.iloc[1]
+    # Without resharding, backward needs no second all-gather of each block's parameters ...
+    assert kept["collectives_per_step"] < reshard["collectives_per_step"], table.to_string()
+    # ... and the gathered blocks stay alive from forward to backward.
+    assert kept["peak_mb"] > reshard["peak_mb"], table.to_string()
+    # Same seed, same data: fp32 configurations compute the same step; bf16 a close one.
+    assert table["loss"].iloc[1] == pytest.approx(reshard["loss"], rel=1e-5)
+    assert table["loss"].iloc[2] == pytest.approx(reshard["loss"], rel=1e-5)
+    assert table["loss"].iloc[3] == pytest.approx(reshard["loss"], rel=5e-2)
+    assert set(sweep.traces) == set(table["config"]) and all(t.ranks == [0, 1] for t in sweep.traces.values())
+    assert sweep.drift is not None and sweep.noise >= max(0.10, sweep.drift)
+    reading = sweep.reading()
+    assert reading.startswith("baseline reshard:")
+    assert "reshard_after_forward=False against reshard: costs +" in reading
+    assert "fastest" in reading and "least memory: " in reading
+    assert "FSDP2 sweep: 4 configurations" in repr(sweep)
+    fig = sweep.figure()
+    assert {t.name for t in fig.data} >= {"step time", "peak memory"}
+    assert isinstance(fig, StaticFigure) and "<svg" in static_html(fig)  # exported notebooks keep a picture
+    assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives FSDP2
+
+
+def test_fsdp2_sweep_names_the_knobs_on_a_wrong_one(cluster: Any) -> None:
+    from nbtoolkit.core.errors import NbtUsageError
+    from nbtoolkit.integrations.fsdp2.sweep import fsdp2_sweep
+
+    with pytest.raises(NbtUsageError, match=r"unknown FSDP2 knob.*reshard_after_forward, forward_prefetch"):
+        fsdp2_sweep(cluster, _stack, _stack_batch, grid={"reshard": [True, False]})
+    with pytest.raises(NbtUsageError, match=r"param_dtype='int8'.*use one of"):
+        fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{"param_dtype": "int8"}])
+    with pytest.raises(NbtUsageError, match="settings or grid, not both"):
+        fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{}], grid={"forward_prefetch": [0, 1]})
