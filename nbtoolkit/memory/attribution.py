@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from nbtoolkit.memory.profile import TensorTimeline
     from nbtoolkit.memory.timeline import MemoryTimeline
 
-__all__ = ["build_timeline"]
+__all__ = ["build_timeline", "local_shard"]
 
 _TORCH_CATEGORY_NAMES = {
     "INPUT": "input",
@@ -312,6 +312,14 @@ def _cell_names(texts: Any) -> dict[str, str]:
     return {text: name_cells(text) for text in set(texts)}
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this process holds: a DTensor's local shard (FSDP2's sharded
+    parameters, their gradients and the optimizer state made from them are DTensors, whose
+    wrapper has no storage of its own), any other tensor itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if local is not None else tensor
+
+
 def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
     """Storage pointer -> path of the module owning it (its parameters, their grads and optimizer state).
 
@@ -321,19 +329,21 @@ def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
     import torch
 
     owners: dict[int, str] = {}
+
+    def pointer(tensor: torch.Tensor) -> int:
+        return int(local_shard(tensor).untyped_storage().data_ptr())
+
     if model is None:
         return owners
     by_parameter: dict[int, str] = {}
     for name, parameter in model.named_parameters():
         module = name.rpartition(".")[0] or type(model).__name__
         by_parameter[id(parameter)] = module
-        owners.setdefault(int(parameter.untyped_storage().data_ptr()), module)
+        owners.setdefault(pointer(parameter), module)
         if parameter.grad is not None:
-            owners.setdefault(int(parameter.grad.untyped_storage().data_ptr()), module)
+            owners.setdefault(pointer(parameter.grad), module)
     for name, buffer in model.named_buffers():
-        owners.setdefault(
-            int(buffer.untyped_storage().data_ptr()), name.rpartition(".")[0] or type(model).__name__
-        )
+        owners.setdefault(pointer(buffer), name.rpartition(".")[0] or type(model).__name__)
     if optimizer is not None:
         for parameter, state in optimizer.state.items():
             module = by_parameter.get(id(parameter))
@@ -341,7 +351,7 @@ def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
                 continue
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    owners.setdefault(int(value.untyped_storage().data_ptr()), module)
+                    owners.setdefault(pointer(value), module)
     owners.pop(0, None)
     return owners
 
@@ -371,7 +381,8 @@ def _baseline_rows(
             candidates.extend((v, "optimizer_state") for v in state.values() if isinstance(v, torch.Tensor))
     rows: list[tuple[Any, ...]] = []
     counted: set[int] = set()
-    for tensor, category in candidates:
+    for candidate, category in candidates:
+        tensor = local_shard(candidate)
         if tensor.device != target:
             continue
         storage = tensor.untyped_storage()
