@@ -58,3 +58,21 @@ def plan_rows(results: Sequence[dict[str, Any]], key: dict[str, Any]) -> tuple[l
             "error": plan.get("error", ""), "notes": "; ".join(plan["notes"]),
         })  # fmt: skip
     return rows, rank_rows
+
+
+def shown_plans(table: Any, keys: Sequence[str]) -> Any:
+    """The plan table as people read it (sizes and times in units, "(none)" for no blocks, fits as
+    yes/NO), with the ``keys`` columns first."""
+    from nbtoolkit.core.units import format_bytes, format_seconds
+
+    frame = table.copy()
+    frame["budget"] = [format_bytes(v) for v in frame["budget_bytes"]]
+    frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
+    frame["measured peak"] = [format_bytes(v) for v in frame["measured_peak_bytes"]]
+    frame["step"] = [format_seconds(v) for v in frame["step_time_s"]]
+    frame["step, all blocks"] = [format_seconds(v) for v in frame["step_time_all_s"]]
+    pairs = zip(frame["blocks"], frame["error"], strict=True)
+    frame["blocks"] = [b if b or e else "(none)" for b, e in pairs]
+    frame["fits"] = ["yes" if f else "NO" for f in frame["fits"]]
+    shown = ["budget", "blocks", "predicted peak", "measured peak", "fits", "step", "step, all blocks"]
+    return frame[[*keys, *shown]]

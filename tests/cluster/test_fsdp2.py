@@ -106,3 +106,70 @@ def test_fsdp2_sweep_names_the_knobs_on_a_wrong_one(cluster: Any) -> None:
         fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{"param_dtype": "int8"}])
     with pytest.raises(NbtUsageError, match="settings or grid, not both"):
         fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{}], grid={"forward_prefetch": [0, 1]})
+
+
+def _gpt():  # built on each rank: activations (tokens x MLP width) dominate, as in real training
+    from tests.optimize._models import TinyGPT
+
+    return TinyGPT(dim=32, hidden=[128, 512, 256], seq=64)
+
+
+def _gpt_batch(rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return torch.randint(0, 64, (16, 64), generator=g), torch.randint(0, 64, (16, 64), generator=g)
+
+
+def _gpt_loss(out: Any, targets: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.cross_entropy(out.reshape(-1, 64), targets.reshape(-1))
+
+
+def test_fsdp2_recompute_plan_keeps_every_rank_under_the_budget(cluster: Any) -> None:
+    import nbtoolkit as nbt
+
+    reference = nbt.plan_recompute_on(cluster, _gpt, _gpt_batch, strategy="fsdp2", loss_fn=_gpt_loss, steps=1)
+    ranks = reference.ranks
+    assert list(reference.blocks) == ["blocks.0", "blocks.1", "blocks.2"]
+    assert reference.table.empty and set(ranks["rank"]) == {0, 1}  # no budget: measured only
+    assert (ranks["fixed_bytes"] > 0).all(), ranks.to_string()  # parameter and AdamW shards count
+    lowest, highest = int(ranks["peak_all_bytes"].max()), int(ranks["peak_none_bytes"].max())
+    assert lowest < highest, ranks.to_string()  # checkpointing every block saves memory on each rank
+    budget = lowest + (highest - lowest) * 3 // 4  # room to choose; not met by doing nothing
+
+    result = nbt.plan_recompute_on(
+        cluster, _gpt, _gpt_batch, strategy="fsdp2", budget=budget, loss_fn=_gpt_loss, steps=1
+    )
+    row, now = result.table.iloc[0], result.ranks
+    print(result)
+    shown = f"{result.table.to_string()}\n{now.to_string()}"
+    assert row["config"] == "reshard" and row["budget_bytes"] == budget
+    if now["peak_all_bytes"].max() <= budget:  # this run's own measurement of the floor
+        assert bool(row["fits"]) and row["measured_peak_bytes"] <= budget, shown  # every rank fits
+        if now["peak_none_bytes"].max() > budget:
+            assert row["n_blocks"] >= 1, shown
+    else:
+        assert not row["fits"] and (row["error"] or "no measured plan fits" in row["notes"]), shown
+    assert "FSDP2 recompute plans" in repr(result)
+    assert cluster.run("dist.get_world_size()") == [2, 2]
+
+
+def test_plan_recompute_on_names_the_choices_for_a_wrong_strategy_or_model(cluster: Any) -> None:
+    import torch
+
+    import nbtoolkit as nbt
+
+    unknown = r"unknown recompute strategy 'fsdp'.*'fsdp2'.*'zero1'.*'zero3'"
+    with pytest.raises(nbt.NbtUsageError, match=unknown):
+        nbt.plan_recompute_on(cluster, _gpt, _gpt_batch, strategy="fsdp", budget="30MB")
+    built = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    unwrapped = (r"'fsdp2' got a Sequential built in the notebook, which is not wrapped by FSDP2.*"
+                 r"pass a function that builds the model on each rank")
+    with pytest.raises(nbt.NbtUsageError, match=unwrapped):
+        nbt.plan_recompute_on(cluster, built, _gpt_batch, strategy="fsdp2", budget="30MB")
+    with pytest.raises(nbt.NbtUsageError, match=r"strategy='zero2' got a Sequential.*pass a function"):
+        nbt.plan_recompute_on(cluster, built, _gpt_batch, strategy="zero2", budget="30MB")
+    with pytest.raises(nbt.NbtUsageError, match=r"\['knobs'\] do not apply to strategy='fsdp2'.*settings"):
+        nbt.plan_recompute_on(cluster, _gpt, _gpt_batch, strategy="fsdp2", knobs={})

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.core.units import format_bytes, format_seconds
+from nbtoolkit.core.units import format_bytes
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
-from nbtoolkit.integrations.recompute_table import PLAN_COLUMNS, parse_budgets, plan_rows
+from nbtoolkit.integrations.recompute_table import PLAN_COLUMNS, parse_budgets, plan_rows, shown_plans
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,18 +84,7 @@ class ZeroRecompute(Result):
         return static_figure(zero_recompute_figure(self.table))
 
     def _shown(self) -> pd.DataFrame:
-        frame = self.table.copy()
-        frame["budget"] = [format_bytes(v) for v in frame["budget_bytes"]]
-        frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
-        frame["measured peak"] = [format_bytes(v) for v in frame["measured_peak_bytes"]]
-        frame["step"] = [format_seconds(v) for v in frame["step_time_s"]]
-        frame["step, all blocks"] = [format_seconds(v) for v in frame["step_time_all_s"]]
-        frame["blocks"] = [
-            b if b or e else "(none)" for b, e in zip(frame["blocks"], frame["error"], strict=True)
-        ]
-        frame["fits"] = ["yes" if f else "NO" for f in frame["fits"]]
-        return frame[["stage", "budget", "blocks", "predicted peak", "measured peak", "fits", "step",
-                      "step, all blocks"]]
+        return shown_plans(self.table, ["stage"])
 
     def _text(self) -> str:
         lines = [f"ZeRO recompute plans: {len(self.table)} (stage, budget) pairs; peaks: largest rank"]

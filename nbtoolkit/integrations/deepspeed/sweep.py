@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.integrations.deepspeed.config import (
     KNOBS,
     default_settings,
@@ -55,6 +54,7 @@ from nbtoolkit.integrations.sweep_common import (
     spread_share,
     verb,
 )
+from nbtoolkit.integrations.sweep_result import SweepResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,52 +65,16 @@ if TYPE_CHECKING:
 __all__ = ["ZeroSweep", "read_sweep", "zero_sweep"]
 
 @dataclass(repr=False)  # the repr is Result's (the text summary)
-class ZeroSweep(Result):
+class ZeroSweep(SweepResult):
     """One row per ZeRO configuration: step time, communication, peak memory; plus its traces."""
 
-    table: pd.DataFrame
-    traces: dict[str, Trace] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    drift: float | None = None
-
-    @property
-    def noise(self) -> float:
-        """The relative step-time change below which no change is named: 10%, or the measured
-        drift of the baseline over the sweep when that is larger."""
-        return max(NOISE, self.drift or 0.0)
-
-    def figure(self) -> Any:
-        """Bars per configuration: step time and exposed communication (ms), peak memory (MB)."""
-        from nbtoolkit.cluster.figures import sweep_figure
-
-        return sweep_figure(self.table)
+    TITLE = "ZeRO sweep"
+    CSS_CLASS = "nbt-zero-sweep"
+    FIGURE_TITLE = "ZeRO configurations"
 
     def reading(self) -> str:
         """What the knobs changed, in plain words, each configuration against the first."""
         return read_sweep(self.table, noise=self.noise)
-
-    def _text(self) -> str:
-        cols = [
-            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "collectives_per_step", "peak_mb",
-        ]  # fmt: skip
-        shown = self.table[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
-        return f"ZeRO sweep: {len(self.table)} configurations\n{shown}\n\n{self.reading()}" + "".join(
-            f"\nnote: {n}" for n in self.notes
-        )
-
-    def _html(self) -> str:
-        cols = [
-            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "collectives_per_step",
-            "peak_mb",
-        ]  # fmt: skip
-        reading = "".join(f"<li>{escape(line)}</li>" for line in self.reading().splitlines())
-        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
-        return (
-            f"<div class='nbt-zero-sweep'><b>ZeRO sweep</b>: {len(self.table)} configurations "
-            "(times in ms, memory in MB per rank)"
-            + html_table(self.table[cols])
-            + f"<ul>{reading}</ul>{notes}</div>"
-        )
 
 
 def zero_sweep(

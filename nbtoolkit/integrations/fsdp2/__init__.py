@@ -4,6 +4,11 @@ One module per job:
 
 - :mod:`.wrap`: how a model is sharded (``fully_shard`` on each repeated block, then the root) and
   how a wrapped model is recognised;
+- :mod:`.sweep` (+ :mod:`.sweep_rank`): :func:`fsdp2_sweep` and its :class:`Fsdp2Sweep` result,
+  FSDP2's knobs measured on every rank (step time, exposed communication, overlap, peak memory)
+  and read in plain words;
+- :mod:`.recompute`: :func:`fsdp2_plan_recompute`, one recompute plan for all ranks under a
+  per-rank device budget (also ``nbt.plan_recompute_on(cluster, ..., strategy="fsdp2")``);
 
 Import each name from the module that defines it: this package file imports nothing, so importing
 one part does not import the others (nor torch.distributed).

@@ -30,12 +30,11 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.integrations.fsdp2.sweep_rank import sweep_one_on_rank
 from nbtoolkit.integrations.fsdp2.wrap import ShardSettings
 from nbtoolkit.integrations.sweep_common import (
@@ -47,14 +46,14 @@ from nbtoolkit.integrations.sweep_common import (
     spread_share,
     verb,
 )
+from nbtoolkit.integrations.sweep_result import SweepResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from nbtoolkit.cluster.cluster import Cluster
-    from nbtoolkit.trace.trace import Trace
 
-__all__ = ["KNOBS", "Fsdp2Sweep", "default_fsdp2_settings", "fsdp2_sweep", "read_fsdp2_sweep"]
+__all__ = ["KNOBS", "Fsdp2Sweep", "as_settings", "default_fsdp2_settings", "fsdp2_sweep", "read_fsdp2_sweep"]
 
 #: FSDP2's knobs as the sweep varies them (the fields of ShardSettings).
 KNOBS = tuple(f.name for f in dataclasses.fields(ShardSettings))
@@ -71,14 +70,19 @@ def default_fsdp2_settings() -> list[ShardSettings]:
     ]
 
 
-def _as_settings(value: Any) -> ShardSettings:
+def as_settings(value: Any) -> ShardSettings:
+    """A checked :class:`ShardSettings` from one (or from a dict of its fields); one clear error for
+    an unknown knob, a negative prefetch or an unknown dtype."""
     if isinstance(value, ShardSettings):
+        _check(value)
         return value
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(KNOBS))
         if unknown:
             raise NbtUsageError(f"unknown FSDP2 knob(s) {unknown} in {value}: use {', '.join(KNOBS)}")
-        return ShardSettings(**value)
+        settings = ShardSettings(**value)
+        _check(settings)
+        return settings
     raise NbtUsageError(
         f"an FSDP2 configuration is a ShardSettings or a dict of {', '.join(KNOBS)}, "
         f"got {type(value).__name__}"
@@ -91,7 +95,7 @@ def _grid(grid: dict[str, Iterable[Any]]) -> list[ShardSettings]:
         raise NbtUsageError(f"unknown FSDP2 knob(s) {unknown}: use {', '.join(KNOBS)}")
     keys = list(grid)
     combos = itertools.product(*(list(grid[k]) for k in keys))
-    return [ShardSettings(**dict(zip(keys, combo, strict=True))) for combo in combos]
+    return [as_settings(dict(zip(keys, combo, strict=True))) for combo in combos]
 
 
 def _check(settings: ShardSettings) -> None:
@@ -108,50 +112,19 @@ def _check(settings: ShardSettings) -> None:
 
 
 @dataclass(repr=False)  # the repr is Result's (the text summary)
-class Fsdp2Sweep(Result):
-    """One row per FSDP2 configuration: step time, communication, overlap, peak memory per rank."""
+class Fsdp2Sweep(SweepResult):
+    """One row per FSDP2 configuration: step time, communication, overlap, peak memory per rank
+    (``peak_mb`` the largest rank's, ``peak_mb_per_rank`` each); plus its traces."""
 
-    table: pd.DataFrame
-    traces: dict[str, Trace] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    drift: float | None = None
-
-    @property
-    def noise(self) -> float:
-        """The relative step-time change below which no change is named: 10%, or the measured
-        drift of the baseline over the sweep when that is larger."""
-        return max(NOISE, self.drift or 0.0)
-
-    def figure(self) -> Any:
-        """Bars per configuration: step time and exposed communication (ms), peak memory (MB);
-        a figure with a static SVG form for exported notebooks."""
-        from nbtoolkit.cluster.figures import sweep_figure
-
-        return sweep_figure(self.table, title="FSDP2 configurations")
+    TITLE = "FSDP2 sweep"
+    CSS_CLASS = "nbt-fsdp2-sweep"
+    FIGURE_TITLE = "FSDP2 configurations"
+    TEXT_COLUMNS = SweepResult.HTML_COLUMNS  # overlap is one of FSDP2's questions: shown in text too
 
     def reading(self) -> str:
         """What the knobs changed, in plain words: each configuration against the first, then which
         is fastest, which uses least memory and what keeping parameters after forward costs."""
         return read_fsdp2_sweep(self.table, noise=self.noise)
-
-    _COLUMNS = ("config", "step_time_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "collectives_per_step",
-                "peak_mb")  # fmt: skip
-
-    def _text(self) -> str:
-        shown = self.table[list(self._COLUMNS)].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
-        return f"FSDP2 sweep: {len(self.table)} configurations\n{shown}\n\n{self.reading()}" + "".join(
-            f"\nnote: {n}" for n in self.notes
-        )
-
-    def _html(self) -> str:
-        reading = "".join(f"<li>{escape(line)}</li>" for line in self.reading().splitlines())
-        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
-        return (
-            f"<div class='nbt-fsdp2-sweep'><b>FSDP2 sweep</b>: {len(self.table)} configurations "
-            "(times in ms, memory in MB, the largest rank)"
-            + html_table(self.table[list(self._COLUMNS)])
-            + f"<ul>{reading}</ul>{notes}</div>"
-        )
 
 
 def fsdp2_sweep(
@@ -193,13 +166,11 @@ def fsdp2_sweep(
     if grid is not None:
         chosen = _grid(grid)
     elif settings is not None:
-        chosen = [_as_settings(s) for s in settings]
+        chosen = [as_settings(s) for s in settings]
     else:
         chosen = default_fsdp2_settings()
     if not chosen:
         raise NbtUsageError("no FSDP2 configurations to run: give at least one setting")
-    for setting in chosen:
-        _check(setting)
 
     def run_on_ranks(setting: ShardSettings) -> list[dict[str, Any]]:
         return list(cluster.run(
