@@ -173,3 +173,27 @@ def test_plan_recompute_on_names_the_choices_for_a_wrong_strategy_or_model(clust
         nbt.plan_recompute_on(cluster, built, _gpt_batch, strategy="zero2", budget="30MB")
     with pytest.raises(nbt.NbtUsageError, match=r"\['knobs'\] do not apply to strategy='fsdp2'.*settings"):
         nbt.plan_recompute_on(cluster, _gpt, _gpt_batch, strategy="fsdp2", knobs={})
+
+
+def test_fsdp2_reading_names_a_gain_only_outside_the_noise() -> None:
+    import pandas as pd
+
+    from nbtoolkit.integrations.fsdp2.sweep import read_fsdp2_sweep
+
+    def table(kept_ms: float) -> pd.DataFrame:
+        common = {"forward_prefetch": 0, "backward_prefetch": 0, "param_dtype": None, "reduce_dtype": None,
+                  "comm_ms": 4.0, "exposed_comm_ms": 2.0, "overlap_pct": 50.0, "step_time_spread_ms": 0.0}
+        return pd.DataFrame([
+            {"config": "reshard", "reshard_after_forward": True, "step_time_ms": 10.0, "peak_mb": 4.0,
+             "collectives_per_step": 15.0, **common},
+            {"config": "no reshard", "reshard_after_forward": False, "step_time_ms": kept_ms, "peak_mb": 5.0,
+             "collectives_per_step": 10.0, **common},
+        ])  # fmt: skip
+
+    close = read_fsdp2_sweep(table(10.5), noise=0.10)
+    assert "no configuration is clearly fastest" in close
+    assert "costs +1.0 MB peak per rank (4.0 -> 5.0 MB) and its step time is within the ±10% noise" in close
+    apart = read_fsdp2_sweep(table(5.0), noise=0.10)
+    assert "fastest: no reshard (5.0 ms per step), clearly ahead of the next, reshard (10.0 ms)" in apart
+    assert "gains 5.0 ms per step; collective calls per step 15 -> 10" in apart
+    assert "least memory: reshard (4.0 MB" in apart

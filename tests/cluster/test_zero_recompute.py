@@ -96,3 +96,14 @@ def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> N
     fig = result.figure()
     assert {t.name for t in fig.data} >= {"ZeRO-1", "ZeRO-2", "ZeRO-3", "budget"}
     assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
+
+
+def test_plan_recompute_on_routes_a_zero_stage_to_the_zero_planner(cluster: Any) -> None:
+    import nbtoolkit as nbt
+    from nbtoolkit.integrations.deepspeed.recompute import ZeroRecompute
+
+    result = nbt.plan_recompute_on(
+        cluster, _model, _batch, strategy="zero2", loss_fn=_loss, steps=1, knobs=SMALL
+    )
+    assert isinstance(result, ZeroRecompute) and set(result.ranks["stage"]) == {2}
+    assert (result.ranks["fixed_bytes"] > 0).all()
