@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOISE", "change", "differs", "load_traces", "measured_row", "rerun_drift", "slowest_rank_times",
-    "spread_share", "verb",
+    "spread_share", "sweep_notes", "verb",
 ]  # fmt: skip
 
 NOISE = 0.10  # changes smaller than 10% are called "no clear change" (timings on shared CPUs)
@@ -113,3 +113,20 @@ def differs(a: Any, b: Any) -> bool:
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
     return bool(norm(a) != norm(b))
+
+
+def sweep_notes(measure: Any, world_size: int, baseline: str, drift: float | None) -> list[str]:
+    """The notes under a sweep's table: how it was timed, why communication is compared only between
+    configurations, and the baseline's drift (``measure`` is the sweep's MeasureConfig)."""
+    timing = f"{measure.steps} timed steps after {measure.warmup} warmup, then {measure.steps} profiled steps"
+    notes = [f"{timing}, {world_size} ranks"]
+    notes.append(
+        "communication is measured in the profiled steps, which the profiler slows down: compare it "
+        "between configurations, not with the step time"
+    )
+    if drift is not None:
+        notes.append(
+            f"the baseline {baseline} ran again after the last configuration and its step "
+            f"time moved by {drift:.0%}: step-time changes within ±{max(NOISE, drift):.0%} are not named"
+        )
+    return notes

@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.cluster._sharded_models import gpt_batch as _gpt_batch
+from tests.cluster._sharded_models import gpt_loss as _gpt_loss
+from tests.cluster._sharded_models import tiny_gpt as _gpt
+
 pytestmark = [pytest.mark.slow]
 
 
@@ -106,25 +110,6 @@ def test_fsdp2_sweep_names_the_knobs_on_a_wrong_one(cluster: Any) -> None:
         fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{"param_dtype": "int8"}])
     with pytest.raises(NbtUsageError, match="settings or grid, not both"):
         fsdp2_sweep(cluster, _stack, _stack_batch, settings=[{}], grid={"forward_prefetch": [0, 1]})
-
-
-def _gpt():  # built on each rank: activations (tokens x MLP width) dominate, as in real training
-    from tests.optimize._models import TinyGPT
-
-    return TinyGPT(dim=32, hidden=[128, 512, 256], seq=64)
-
-
-def _gpt_batch(rank: int):
-    import torch
-
-    g = torch.Generator().manual_seed(rank)
-    return torch.randint(0, 64, (16, 64), generator=g), torch.randint(0, 64, (16, 64), generator=g)
-
-
-def _gpt_loss(out: Any, targets: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.cross_entropy(out.reshape(-1, 64), targets.reshape(-1))
 
 
 def test_fsdp2_recompute_plan_keeps_every_rank_under_the_budget(cluster: Any) -> None:

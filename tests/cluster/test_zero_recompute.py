@@ -13,31 +13,14 @@ from typing import Any
 import pytest
 
 from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
+from tests.cluster._sharded_models import gpt_batch as _batch
+from tests.cluster._sharded_models import gpt_loss as _loss
+from tests.cluster._sharded_models import tiny_gpt as _model
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 # DeepSpeed's default buckets (5e8 elements) are 2 GB of fp32 per rank: small ones for a small model
 SMALL = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000}
-
-
-def _model():  # built on each rank
-    from tests.optimize._models import TinyGPT
-
-    # activations (tokens x MLP width) dominate the parameters, as in real training
-    return TinyGPT(dim=32, hidden=[128, 512, 256], seq=64)
-
-
-def _batch(rank: int):
-    import torch
-
-    g = torch.Generator().manual_seed(rank)
-    return torch.randint(0, 64, (16, 64), generator=g), torch.randint(0, 64, (16, 64), generator=g)
-
-
-def _loss(out: Any, targets: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.cross_entropy(out.reshape(-1, 64), targets.reshape(-1))
 
 
 @pytest.fixture(scope="module")

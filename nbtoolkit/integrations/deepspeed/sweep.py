@@ -52,6 +52,7 @@ from nbtoolkit.integrations.sweep_common import (
     measured_row,
     rerun_drift,
     spread_share,
+    sweep_notes,
     verb,
 )
 from nbtoolkit.integrations.sweep_result import SweepResult
@@ -144,18 +145,7 @@ def zero_sweep(
     if len(chosen) > 1:
         # the baseline once more: how much the machine itself changed over the sweep
         drift = rerun_drift(float(table["step_time_ms"].iloc[0]), run_on_ranks(chosen[0]))
-    notes = [
-        f"{steps} timed steps after {warmup} warmup, then {steps} profiled steps, {cluster.world_size} ranks",
-        (
-            "communication is measured in the profiled steps, which the profiler slows down: compare it "
-            "between configurations, not with the step time"
-        ),
-    ]
-    if drift is not None:
-        notes.append(
-            f"the baseline {table['config'].iloc[0]} ran again after the last configuration and its step "
-            f"time moved by {drift:.0%}: step-time changes within ±{max(NOISE, drift):.0%} are not named"
-        )
+    notes = sweep_notes(measure, cluster.world_size, str(table["config"].iloc[0]), drift)
     return ZeroSweep(table=table, traces=traces, notes=notes, drift=drift)
 
 

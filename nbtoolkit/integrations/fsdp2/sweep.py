@@ -44,6 +44,7 @@ from nbtoolkit.integrations.sweep_common import (
     measured_row,
     rerun_drift,
     spread_share,
+    sweep_notes,
     verb,
 )
 from nbtoolkit.integrations.sweep_result import SweepResult
@@ -192,17 +193,7 @@ def fsdp2_sweep(
     drift = None
     if len(chosen) > 1:
         drift = rerun_drift(float(table["step_time_ms"].iloc[0]), run_on_ranks(chosen[0]))
-    notes = [
-        (f"{measure.steps} timed steps after {measure.warmup} warmup, then {measure.steps} profiled steps, "
-         f"{cluster.world_size} ranks"),
-        ("communication is measured in the profiled steps, which the profiler slows down: compare it "
-         "between configurations, not with the step time"),
-    ]
-    if drift is not None:
-        notes.append(
-            f"the baseline {table['config'].iloc[0]} ran again after the last configuration and its step "
-            f"time moved by {drift:.0%}: step-time changes within ±{max(NOISE, drift):.0%} are not named"
-        )
+    notes = sweep_notes(measure, cluster.world_size, str(table["config"].iloc[0]), drift)
     return Fsdp2Sweep(table=table, traces=traces, notes=notes, drift=drift)
 
 
