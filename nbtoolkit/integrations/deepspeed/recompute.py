@@ -2,7 +2,7 @@
 
     result = zero_plan_recompute(cluster, make_model, make_batch, budget=["40MB", "30MB"], stages=(1, 2, 3))
     result.table; result.figure()
-    # or: cluster.plan_recompute(make_model, make_batch, budget="30MB", stage=2)
+    # or: nbt.plan_recompute_on(cluster, make_model, make_batch, strategy="zero2", budget="30MB")
 
 The question the ACS training image's CHECKPOINT_OPTIMIZATION answers by lookup, answered by
 measurement: with ZeRO stage *s* on these ranks, which blocks must be recomputed so that
@@ -45,8 +45,7 @@ __all__ = ["ZeroRecompute", "zero_plan_recompute"]
 class Cluster(Protocol):
     """What the planner uses of an ``nbt.Cluster``: its size, and running a function on every rank.
 
-    Named here rather than imported: ``Cluster.plan_recompute`` imports this module, and importing
-    the Cluster back (even for annotations) would close an import cycle.
+    Named here rather than imported, so that the planner asks no more of the Cluster than this.
     """
 
     @property
