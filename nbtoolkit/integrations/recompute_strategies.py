@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.integrations.model_fn import check_model_fn
 
 if TYPE_CHECKING:
     from nbtoolkit.cluster.cluster import Cluster
@@ -45,32 +46,6 @@ def _strategy(strategy: Any) -> str:
         choices = "; ".join(f"{name!r} ({what})" for name, what in STRATEGIES.items())
         raise NbtUsageError(f"unknown recompute strategy {strategy!r}: use one of {choices}")
     return strategy.lower()
-
-
-def _check_model_fn(model_fn: Any, strategy: str) -> None:
-    """A model built in the notebook cannot be wrapped on the ranks: each rank builds its own."""
-    import torch
-
-    if isinstance(model_fn, torch.nn.Module):
-        if strategy == "fsdp2":
-            from nbtoolkit.integrations.fsdp2.wrap import is_fully_sharded
-
-            state = "is wrapped by FSDP2 in this process only" if is_fully_sharded(model_fn) else (
-                "is not wrapped by FSDP2 (fully_shard)")
-            raise NbtUsageError(
-                f"strategy='fsdp2' got a {type(model_fn).__name__} built in the notebook, which {state}: "
-                "pass a function that builds the model on each rank, either unwrapped "
-                "(model_fn=lambda: MyModel(...); the planner shards it with shard_model) or already "
-                "sharded (a function that calls fully_shard / shard_model before returning it)"
-            )
-        raise NbtUsageError(
-            f"strategy={strategy!r} got a {type(model_fn).__name__} built in the notebook: pass a function "
-            "that builds the model on each rank (model_fn=lambda: MyModel(...)); DeepSpeed wraps it there"
-        )
-    if not callable(model_fn):
-        raise NbtUsageError(
-            f"model_fn must be a function that builds the model, got {type(model_fn).__name__}"
-        )
 
 
 def plan_recompute_on(
@@ -107,7 +82,7 @@ def plan_recompute_on(
             f"option(s) {unknown} do not apply to strategy={name!r}: it takes "
             f"{', '.join(sorted(_OPTIONS[family]))} beside budget, blocks, steps, lr, loss_fn, config"
         )
-    _check_model_fn(model_fn, name)
+    check_model_fn(model_fn, name)
     common = {
         "budget": budget, "blocks": blocks, "steps": steps, "lr": lr, "loss_fn": loss_fn, "config": config,
     }  # fmt: skip

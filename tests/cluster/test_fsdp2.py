@@ -182,3 +182,13 @@ def test_fsdp2_reading_names_a_gain_only_outside_the_noise() -> None:
     assert "fastest: no reshard (5.0 ms per step), clearly ahead of the next, reshard (10.0 ms)" in apart
     assert "gains 5.0 ms per step; collective calls per step 15 -> 10" in apart
     assert "least memory: reshard (4.0 MB" in apart
+
+
+def test_fsdp2_sweep_asks_for_a_function_when_given_a_built_model(cluster: Any) -> None:
+    import torch
+
+    from nbtoolkit.core.errors import NbtUsageError
+    from nbtoolkit.integrations.fsdp2.sweep import fsdp2_sweep
+
+    with pytest.raises(NbtUsageError, match=r"not wrapped by FSDP2.*pass a function that builds the model"):
+        fsdp2_sweep(cluster, torch.nn.Linear(4, 4), _stack_batch)

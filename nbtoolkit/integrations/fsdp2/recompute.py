@@ -111,7 +111,9 @@ def fsdp2_plan_recompute(
     import pandas as pd
 
     from nbtoolkit.integrations.fsdp2.sweep import as_settings
+    from nbtoolkit.integrations.model_fn import check_model_fn
 
+    check_model_fn(model_fn, "fsdp2")
     if settings is None:
         chosen = [ShardSettings()]
     elif isinstance(settings, (ShardSettings, dict)):

@@ -37,6 +37,7 @@ from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.integrations.fsdp2.sweep_rank import sweep_one_on_rank
 from nbtoolkit.integrations.fsdp2.wrap import ShardSettings
+from nbtoolkit.integrations.model_fn import check_model_fn
 from nbtoolkit.integrations.sweep_common import (
     NOISE,
     change,
@@ -161,6 +162,7 @@ def fsdp2_sweep(
     """
     import pandas as pd
 
+    check_model_fn(model_fn, "fsdp2")
     if settings is not None and grid is not None:
         raise NbtUsageError("give settings or grid, not both")
     measure = measure_config(config, steps=steps, warmup=warmup)
