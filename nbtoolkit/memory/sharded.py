@@ -145,18 +145,31 @@ def recategorize_sharded(
     before and after the run. A tensor given a category loses its recategorize rows (torch's
     category changes no longer apply to it). Rows of other tensors are unchanged.
     """
+    import pandas as pd
+
     if not (before or after or regions) or frame.empty:
         return frame
-    decided: dict[int, str] = {}
-    for tensor, rows in frame[frame["tensor"] >= 0].groupby("tensor", sort=False):
+    # One tensor id can hold several lifetimes: when a backend thread frees a block the profiler
+    # does not see, the next allocation at that address continues the old id. Each allocation
+    # (or pre-existing tensor) starts a lifetime of its own, decided on its own.
+    tracked = frame[frame["tensor"] >= 0]
+    starts = tracked["action"].isin(["alloc", "preexisting"]).astype("int64")
+    life = starts.groupby(tracked["tensor"]).cumsum()
+    decided: dict[tuple[int, int], str] = {}
+    for (tensor, lifetime), rows in tracked.groupby([tracked["tensor"], life], sort=False):
+        if lifetime == 0:  # rows before the tensor's first allocation: nothing to decide from
+            continue
         category = _category_of(
             int(tensor), rows, pointers=pointers, regions=regions, before=before, after=after
         )
         if category is not None:
-            decided[int(tensor)] = category
+            decided[(int(tensor), int(lifetime))] = category
     if not decided:
         return frame
-    new = frame["tensor"].map(decided)
+    keys = pd.Series(
+        list(zip(tracked["tensor"].astype(int), life.astype(int), strict=True)), index=tracked.index
+    )
+    new = keys.map(decided).reindex(frame.index)
     changed = new.notna()
     frame = frame.copy()
     frame.loc[changed, "category"] = new[changed]

@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "build_sharded", "make_step", "memory_on_rank", "profile_on_rank", "require_sharded", "unsharded_sizes",
+    "build_sharded",
+    "graph_breaks_on_rank",
+    "make_step",
+    "memory_on_rank",
+    "profile_on_rank",
+    "require_sharded",
+    "unsharded_sizes",
 ]
 
 
@@ -160,3 +166,47 @@ def profile_on_rank(
         step()
     dist.barrier()  # the ranks start their profiled steps together
     return profile_to_bytes(step, steps=steps, warmup=0)
+
+
+def graph_breaks_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    settings: ShardSettings | None,
+    *,
+    blocks: Sequence[str] | None,
+    backend: str,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> Any:
+    """On a rank: compile each block (``block.compile``, before ``fully_shard`` as torchtitan
+    does, so FSDP2's hooks stay around the compiled forward), shard, and capture the graphs,
+    breaks and recompiles of ``steps`` training steps (a GraphReport)."""
+    import torch
+
+    from nbtoolkit.compile.capture import capture_graphs
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.integrations.fsdp2.wrap import sharded_blocks
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = model_fn()
+    if is_fully_sharded(model):
+        raise NbtUsageError(
+            "fsdp2_graph_breaks compiles each block before sharding it: model_fn must return the "
+            "plain model, not one already wrapped by fully_shard"
+        )
+    modules = dict(model.named_modules())
+    names = sharded_blocks(model, blocks)
+    for name in names:
+        modules[name].compile(backend=backend)
+    model = shard_model(model, settings, blocks=names)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    step = make_step(model, optimizer, batch_fn, loss_fn)
+    try:
+        return capture_graphs(
+            step, config=MeasureConfig(steps=steps, warmup=0), eager_baseline=False, measure_cost=False,
+            label="FSDP2, compiled per block",
+        )
+    finally:
+        torch._dynamo.reset()
