@@ -62,6 +62,70 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, WIDTH, generator=g), torch.randn(16, 8, generator=g)
 
 
+# ---- the CPU overlap definition, written again independently of nbtoolkit.trace (plain lists) ----
+_COMM = ("gloo:", "c10d", "nccl:", "record_param_comms", "ProcessGroup", "_c10d", "hccl:")
+
+
+def _union(spans: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _intersect(x: list[list[float]], y: list[list[float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(x) and j < len(y):
+        total += max(0.0, min(x[i][1], y[j][1]) - max(x[i][0], y[j][0]))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _minus(x: list[list[float]], y: list[list[float]]) -> list[tuple[float, float]]:
+    out = []
+    for a, b in x:
+        cursor = a
+        for c, d in y:
+            if d <= cursor or c >= b:
+                continue
+            if c > cursor:
+                out.append((cursor, c))
+            cursor = max(cursor, d)
+        if cursor < b:
+            out.append((cursor, b))
+    return out
+
+
+def _overlap_pct_of_file(path: Any) -> float:
+    """gloo calls' union, against the union of each main thread's operators outside collectives,
+    within the profiled steps (the definition in nbtoolkit/trace/overlap.py's docstring)."""
+    import gzip
+    import json
+
+    events = [e for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+
+    def spans(chosen: list[dict[str, Any]]) -> list[list[float]]:
+        clipped = [(max(e["ts"], lo), min(e["ts"] + e["dur"], hi)) for e in chosen]
+        return _union([(a, b) for a, b in clipped if b > a])
+
+    comm = spans([e for e in events if e["name"].startswith("gloo:")])
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    compute: list[tuple[float, float]] = []
+    for lane in {(e["pid"], e["tid"]) for e in ops if not e["name"].startswith(_COMM)}:
+        on = [e for e in events if (e["pid"], e["tid"]) == lane]
+        working = spans([e for e in on if e.get("cat") == "cpu_op" and not e["name"].startswith(_COMM)])
+        compute += _minus(working, spans([e for e in on if e["name"].startswith(_COMM)]))
+    return 100 * _intersect(comm, _union(compute)) / sum(b - a for a, b in comm)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     import nbtoolkit as nbt
@@ -95,6 +159,25 @@ def test_each_rank_holds_its_shard_of_parameters_gradients_and_adamw_state(clust
     assert "FSDP2 memory per rank" in repr(result)
 
 
+def test_cluster_memory_of_a_sharded_model_in_the_ranks_namespace(cluster: Any) -> None:
+    """The notebook's own path: a model sharded in a cell, then ``cluster.memory`` of its step."""
+    cluster.run_cell(
+        "from tests.cluster.test_fsdp2 import _model, _batch\n"
+        "from nbtoolkit.integrations.fsdp2.rank import build_sharded, make_step\n"
+        "fsdp_model, fsdp_opt = build_sharded(_model)\n"
+        "fsdp_step = make_step(fsdp_model, fsdp_opt, _batch)\n"
+        "fsdp_step()\n"
+    )
+    memory = cluster.memory("fsdp_step()", model="fsdp_model", optimizer="fsdp_opt")
+    share = sum(p.numel() * p.element_size() for p in _model().parameters()) / 2
+    peaks = memory.peaks()
+    assert len(peaks) == 2
+    for timeline in memory:
+        by_category = timeline.category_peaks().set_index("category")["peak_bytes"]
+        assert abs(by_category["parameter"] / share - 1) < 0.01, by_category.to_string()
+        assert by_category["unsharded_parameter"] > 0, by_category.to_string()
+
+
 def test_fsdp2_collectives_are_recognised_and_their_overlap_measured(cluster: Any, tmp_path: Any) -> None:
     steps = 2
     result = fsdp2_overlap(cluster, _model, _batch, steps=steps, save_dir=tmp_path)
@@ -111,6 +194,9 @@ def test_fsdp2_collectives_are_recognised_and_their_overlap_measured(cluster: An
     overlap = result.overlap
     assert (overlap["comm_time_us"] > 0).all() and overlap["overlap_pct"].between(0, 100).all(), shown
     assert (overlap["method"] == "cpu-gloo").all()
+    for rank in (0, 1):  # the same number from the same trace, computed independently
+        independent = _overlap_pct_of_file(tmp_path / f"rank{rank}.json.gz")
+        assert abs(overlap.set_index("rank").loc[rank, "overlap_pct"] - independent) < 0.1, shown
     # HTA 0.5 has no overlap for CPU ranks (it counts GPU kernels only): NaN on these very traces,
     # which is why the CPU definition is nbtoolkit's own (trace/overlap.py)
     hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis (hta) is not installed")
