@@ -189,11 +189,18 @@ def build_timeline(
     *,
     model: Any,
     optimizer: Any,
+    shards_before: dict[int, str] | None = None,
 ) -> MemoryTimeline:
-    """The timeline of ``target``'s memory from torch's tensor events of one profile."""
+    """The timeline of ``target``'s memory from torch's tensor events of one profile.
+
+    ``shards_before``: :func:`nbtoolkit.memory.sharded.shard_storages` of the model and
+    optimizer taken before the run; with it (or DTensor parameters after the run) an FSDP2
+    model's tensors are recategorised (see :mod:`nbtoolkit.memory.sharded`).
+    """
     import pandas as pd
 
     from nbtoolkit.memory.schema import EVENT_COLUMNS
+    from nbtoolkit.memory.sharded import fsdp_regions, recategorize_sharded, shard_storages
     from nbtoolkit.memory.timeline import MemoryTimeline
 
     index = _OpTreeIndex(recorded.op_tree, module_names)
@@ -215,6 +222,7 @@ def build_timeline(
     rows: list[tuple[Any, ...]] = []
     tensor_ids: dict[tuple[int, int], int] = {}
     unknown_live: dict[int, int] = {}  # ptr -> tensor id, for allocations torch could not key
+    pointers: dict[int, int] = {}  # tensor id -> storage pointer (for FSDP2's shards)
     seen_storage_ptrs: set[int] = set()
     timed = [e.time_ns for e in recorded.events if e.time_ns >= 0]
     start_ns = min(timed) if timed else 0
@@ -236,6 +244,7 @@ def build_timeline(
         if event.tensor is not None and event.storage_ptr is not None:
             keyed = True
             seen_storage_ptrs.add(event.storage_ptr)
+            pointers[tensor_id_for(event.tensor)] = event.storage_ptr
             shape = index.shapes.get(event.tensor, "")
             owner = owners.get(event.storage_ptr, "")
         category = category_name(event.category)
@@ -259,6 +268,7 @@ def build_timeline(
             ptr = int(allocation.typed[1].ptr)
             if is_alloc:
                 tensor = unknown_live[ptr] = next_unknown
+                pointers[tensor] = ptr
                 next_unknown += 1
             else:
                 tensor = unknown_live.pop(ptr, -1)
@@ -288,6 +298,12 @@ def build_timeline(
         model, optimizer, target=target, seen=seen_storage_ptrs, first_id=len(tensor_ids), owners=owners
     )
     frame = pd.DataFrame(baseline + rows, columns=list(EVENT_COLUMNS))
+    shards_after = shard_storages(model, optimizer)
+    if shards_before or shards_after:  # an FSDP2 model: its shards, and the unsharded memory apart
+        frame = recategorize_sharded(
+            frame, pointers=pointers, regions=fsdp_regions(recorded.op_tree, start_ns),
+            before=shards_before or {}, after=shards_after,
+        )
     # Frames of this kernel's cells read as a traceback names them ("Cell In[9], line 1: make"),
     # not as ipykernel's temporary files (only in a kernel; see capture.cell_names).
     frame["source"] = frame["source"].map(_cell_names(frame["source"]))

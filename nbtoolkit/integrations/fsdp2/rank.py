@@ -21,7 +21,15 @@ from nbtoolkit.integrations.fsdp2.wrap import ShardSettings, is_fully_sharded, s
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["build_sharded", "make_step", "require_sharded", "unsharded_sizes"]
+__all__ = [
+    "build_sharded",
+    "graph_breaks_on_rank",
+    "make_step",
+    "memory_on_rank",
+    "profile_on_rank",
+    "require_sharded",
+    "unsharded_sizes",
+]
 
 
 def build_sharded(
@@ -109,3 +117,96 @@ def unsharded_sizes(model: torch.nn.Module) -> dict[str, int]:
         shard = parameter.to_local() if hasattr(parameter, "to_local") else parameter
         local += shard.numel() * shard.element_size()
     return {"unsharded_bytes": int(whole), "local_bytes": int(local)}
+
+
+def memory_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    settings: ShardSettings | None,
+    *,
+    blocks: Sequence[str] | None,
+    warmup: int,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> dict[str, Any]:
+    """On a rank: the sharded model's :func:`nbtoolkit.memory_timeline` of ``steps`` steps after
+    ``warmup`` unrecorded ones (so the AdamW state exists before recording), and its sizes."""
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.memory.capture import memory_timeline
+
+    model, optimizer = build_sharded(model_fn, settings, blocks=blocks, lr=lr)
+    step = make_step(model, optimizer, batch_fn, loss_fn)
+    timeline = memory_timeline(
+        step, model=model, optimizer=optimizer, config=MeasureConfig(steps=steps, warmup=warmup)
+    )
+    return {"timeline": timeline, **unsharded_sizes(model)}
+
+
+def profile_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    settings: ShardSettings | None,
+    *,
+    blocks: Sequence[str] | None,
+    warmup: int,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> dict[str, Any]:
+    """On a rank: a torch.profiler trace of ``steps`` steps of the sharded model after ``warmup``
+    (:func:`nbtoolkit.cluster.rank_tools.profile_to_bytes`: ``trace_gz``, ``raw_bytes``, ``last``)."""
+    import torch.distributed as dist
+
+    from nbtoolkit.cluster.rank_tools import profile_to_bytes
+
+    model, optimizer = build_sharded(model_fn, settings, blocks=blocks, lr=lr)
+    step = make_step(model, optimizer, batch_fn, loss_fn)
+    for _ in range(warmup):
+        step()
+    dist.barrier()  # the ranks start their profiled steps together
+    return profile_to_bytes(step, steps=steps, warmup=0)
+
+
+def graph_breaks_on_rank(
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int], Any],
+    settings: ShardSettings | None,
+    *,
+    blocks: Sequence[str] | None,
+    backend: str,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> Any:
+    """On a rank: compile each block (``block.compile``, before ``fully_shard`` as torchtitan
+    does, so FSDP2's hooks stay around the compiled forward), shard, and capture the graphs,
+    breaks and recompiles of ``steps`` training steps (a GraphReport)."""
+    import torch
+
+    from nbtoolkit.compile.capture import capture_graphs
+    from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.integrations.fsdp2.wrap import sharded_blocks
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = model_fn()
+    if is_fully_sharded(model):
+        raise NbtUsageError(
+            "fsdp2_graph_breaks compiles each block before sharding it: model_fn must return the "
+            "plain model, not one already wrapped by fully_shard"
+        )
+    modules = dict(model.named_modules())
+    names = sharded_blocks(model, blocks)
+    for name in names:
+        modules[name].compile(backend=backend)
+    model = shard_model(model, settings, blocks=names)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    step = make_step(model, optimizer, batch_fn, loss_fn)
+    try:
+        return capture_graphs(
+            step, config=MeasureConfig(steps=steps, warmup=0), eager_baseline=False, measure_cost=False,
+            label="FSDP2, compiled per block",
+        )
+    finally:
+        torch._dynamo.reset()
