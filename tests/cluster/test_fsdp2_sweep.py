@@ -17,16 +17,16 @@ from tests.cluster._sharded_models import tiny_gpt as _gpt
 pytestmark = [pytest.mark.slow]
 
 
-def _stack():  # built on each rank: four repeated blocks whose parameters dominate the memory
+def _stack():  # built on each rank: four repeated 1 MB blocks; parameters dominate the memory
     import torch
 
     class Stack(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.blocks = torch.nn.ModuleList(
-                torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()) for _ in range(4)
+                torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU()) for _ in range(4)
             )
-            self.head = torch.nn.Linear(256, 256)
+            self.head = torch.nn.Linear(512, 512)
 
         def forward(self, x: Any) -> Any:
             for block in self.blocks:
@@ -40,7 +40,7 @@ def _stack_batch(rank: int):
     import torch
 
     g = torch.Generator().manual_seed(rank)
-    return torch.randn(8, 256, generator=g), torch.randn(8, 256, generator=g)
+    return torch.randn(8, 512, generator=g), torch.randn(8, 512, generator=g)
 
 
 @pytest.fixture(scope="module")
