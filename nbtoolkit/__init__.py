@@ -89,6 +89,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "optimize": "nbtoolkit.recompute.optimize",
     "optimize_panel": "nbtoolkit.recompute.panel",
     "plan_recompute": "nbtoolkit.recompute.planner",
+    "plan_recompute_on": "nbtoolkit.integrations.recompute_strategies",
     "profile": "nbtoolkit.trace.profile",
     "report": "nbtoolkit.reporting.report",
     "roofline": "nbtoolkit.trace.roofline_analysis",
@@ -143,6 +144,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.core.datasets import locate_data
     from nbtoolkit.core.measure_config import MeasureConfig
     from nbtoolkit.core.train_step import train_step
+    from nbtoolkit.integrations.recompute_strategies import plan_recompute_on
     from nbtoolkit.memory.api import memory_imbalance
     from nbtoolkit.memory.breakdown import memory_by
     from nbtoolkit.memory.capture import memory_timeline

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from nbtoolkit.memory.profile import TensorTimeline
     from nbtoolkit.memory.timeline import MemoryTimeline
 
-__all__ = ["build_timeline"]
+__all__ = ["build_timeline", "local_shard"]
 
 _TORCH_CATEGORY_NAMES = {
     "INPUT": "input",
@@ -189,11 +189,18 @@ def build_timeline(
     *,
     model: Any,
     optimizer: Any,
+    shards_before: dict[int, str] | None = None,
 ) -> MemoryTimeline:
-    """The timeline of ``target``'s memory from torch's tensor events of one profile."""
+    """The timeline of ``target``'s memory from torch's tensor events of one profile.
+
+    ``shards_before``: :func:`nbtoolkit.memory.sharded.shard_storages` of the model and
+    optimizer taken before the run; with it (or DTensor parameters after the run) an FSDP2
+    model's tensors are recategorised (see :mod:`nbtoolkit.memory.sharded`).
+    """
     import pandas as pd
 
     from nbtoolkit.memory.schema import EVENT_COLUMNS
+    from nbtoolkit.memory.sharded import fsdp_regions, recategorize_sharded, shard_storages
     from nbtoolkit.memory.timeline import MemoryTimeline
 
     index = _OpTreeIndex(recorded.op_tree, module_names)
@@ -215,6 +222,7 @@ def build_timeline(
     rows: list[tuple[Any, ...]] = []
     tensor_ids: dict[tuple[int, int], int] = {}
     unknown_live: dict[int, int] = {}  # ptr -> tensor id, for allocations torch could not key
+    pointers: dict[int, int] = {}  # tensor id -> storage pointer (for FSDP2's shards)
     seen_storage_ptrs: set[int] = set()
     timed = [e.time_ns for e in recorded.events if e.time_ns >= 0]
     start_ns = min(timed) if timed else 0
@@ -236,6 +244,7 @@ def build_timeline(
         if event.tensor is not None and event.storage_ptr is not None:
             keyed = True
             seen_storage_ptrs.add(event.storage_ptr)
+            pointers[tensor_id_for(event.tensor)] = event.storage_ptr
             shape = index.shapes.get(event.tensor, "")
             owner = owners.get(event.storage_ptr, "")
         category = category_name(event.category)
@@ -259,6 +268,7 @@ def build_timeline(
             ptr = int(allocation.typed[1].ptr)
             if is_alloc:
                 tensor = unknown_live[ptr] = next_unknown
+                pointers[tensor] = ptr
                 next_unknown += 1
             else:
                 tensor = unknown_live.pop(ptr, -1)
@@ -288,6 +298,12 @@ def build_timeline(
         model, optimizer, target=target, seen=seen_storage_ptrs, first_id=len(tensor_ids), owners=owners
     )
     frame = pd.DataFrame(baseline + rows, columns=list(EVENT_COLUMNS))
+    shards_after = shard_storages(model, optimizer)
+    if shards_before or shards_after:  # an FSDP2 model: its shards, and the unsharded memory apart
+        frame = recategorize_sharded(
+            frame, pointers=pointers, regions=fsdp_regions(recorded.op_tree, start_ns),
+            before=shards_before or {}, after=shards_after,
+        )
     # Frames of this kernel's cells read as a traceback names them ("Cell In[9], line 1: make"),
     # not as ipykernel's temporary files (only in a kernel; see capture.cell_names).
     frame["source"] = frame["source"].map(_cell_names(frame["source"]))
@@ -312,6 +328,14 @@ def _cell_names(texts: Any) -> dict[str, str]:
     return {text: name_cells(text) for text in set(texts)}
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this process holds: a DTensor's local shard (FSDP2's sharded
+    parameters, their gradients and the optimizer state made from them are DTensors, whose
+    wrapper has no storage of its own), any other tensor itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if local is not None else tensor
+
+
 def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
     """Storage pointer -> path of the module owning it (its parameters, their grads and optimizer state).
 
@@ -321,19 +345,21 @@ def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
     import torch
 
     owners: dict[int, str] = {}
+
+    def pointer(tensor: torch.Tensor) -> int:
+        return int(local_shard(tensor).untyped_storage().data_ptr())
+
     if model is None:
         return owners
     by_parameter: dict[int, str] = {}
     for name, parameter in model.named_parameters():
         module = name.rpartition(".")[0] or type(model).__name__
         by_parameter[id(parameter)] = module
-        owners.setdefault(int(parameter.untyped_storage().data_ptr()), module)
+        owners.setdefault(pointer(parameter), module)
         if parameter.grad is not None:
-            owners.setdefault(int(parameter.grad.untyped_storage().data_ptr()), module)
+            owners.setdefault(pointer(parameter.grad), module)
     for name, buffer in model.named_buffers():
-        owners.setdefault(
-            int(buffer.untyped_storage().data_ptr()), name.rpartition(".")[0] or type(model).__name__
-        )
+        owners.setdefault(pointer(buffer), name.rpartition(".")[0] or type(model).__name__)
     if optimizer is not None:
         for parameter, state in optimizer.state.items():
             module = by_parameter.get(id(parameter))
@@ -341,7 +367,7 @@ def _storage_owners(model: Any, optimizer: Any) -> dict[int, str]:
                 continue
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    owners.setdefault(int(value.untyped_storage().data_ptr()), module)
+                    owners.setdefault(pointer(value), module)
     owners.pop(0, None)
     return owners
 
@@ -371,7 +397,8 @@ def _baseline_rows(
             candidates.extend((v, "optimizer_state") for v in state.values() if isinstance(v, torch.Tensor))
     rows: list[tuple[Any, ...]] = []
     counted: set[int] = set()
-    for tensor, category in candidates:
+    for candidate, category in candidates:
+        tensor = local_shard(candidate)
         if tensor.device != target:
             continue
         storage = tensor.untyped_storage()

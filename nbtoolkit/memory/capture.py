@@ -46,6 +46,7 @@ from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.memory.attribution import build_timeline
 from nbtoolkit.memory.profile import refuse_nested_profiler, run_memory_profiled, tensor_events
+from nbtoolkit.memory.sharded import shard_storages
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +112,9 @@ def memory_timeline(
             module_names[id(module)] = tracker.get_known_fqn(module) or type(module).__name__
 
     run_steps(fn, measure, warmup_only=True)  # before any hook or recording
+    # An FSDP2 model's shards as they are before recording (gradients kept from the last step
+    # are freed during it, so they cannot be found afterwards); empty for other models.
+    shards_before = shard_storages(model, optimizer)
     tracker.register_user_hooks(pre_fw_hook=remember_module)
     snapshot_dict: dict[str, Any] | None = None
     recording_history = False
@@ -131,7 +135,8 @@ def memory_timeline(
     failure = run.failure
     try:
         timeline = build_timeline(
-            tensor_events(run.profiler), target, module_names, model=model, optimizer=optimizer
+            tensor_events(run.profiler), target, module_names, model=model, optimizer=optimizer,
+            shards_before=shards_before,
         )
     except Exception as exc:
         if failure is not None:

@@ -81,6 +81,8 @@ CATEGORY_COLORS = {
     "activation": "red",
     "gradient": "mediumblue",
     "autograd_detail": "royalblue",
+    "unsharded_parameter": "mediumseagreen",  # FSDP2's gathered parameters: beside the shards' green
+    "unsharded_gradient": "lightskyblue",  # and its full-size gradients: beside the shards' blue
     "unknown": "grey",
 }
 _PHASE_COLORS = {

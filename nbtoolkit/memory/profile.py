@@ -317,11 +317,16 @@ def tensor_events(profiler: Any) -> TensorTimeline:
     """Walk torch's memory profile of a stopped ``details=True`` profile (see the module docstring)."""
     from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
 
-    memory_profile = (
-        profiler._memory_profile()
-        if hasattr(profiler, "_memory_profile")
-        else MemoryProfile(profiler.profiler.kineto_results)
-    )
+    try:
+        memory_profile = (
+            profiler._memory_profile()
+            if hasattr(profiler, "_memory_profile")
+            else MemoryProfile(profiler.profiler.kineto_results)
+        )
+    except AssertionError as exc:
+        if "version mismatch" not in str(exc):
+            raise
+        memory_profile = _tolerant_memory_profile(profiler)
     categories = memory_profile._categories
 
     def category(key: Any, version: int) -> str | None:
@@ -352,6 +357,46 @@ def tensor_events(profiler: Any) -> TensorTimeline:
             )
         )
     return TensorTimeline(events=events, op_tree=memory_profile._op_tree)
+
+
+def _tolerant_memory_profile(profiler: Any) -> Any:
+    """torch's MemoryProfile built without its checks that each op's outputs have the version
+    its data-flow graph expects and that no version is output twice.
+
+    The check fails when an allocation reuses the address of a block whose free was not
+    recorded: the profiler records memory events of the profiled thread only, and collective
+    backends free some buffers on their own threads (gloo's work threads under FSDP2's
+    all-gathers, about one profile in five). torch then sees the same storage allocated
+    twice and stops. Without the check the second allocation continues the first one's
+    versions: the categories of that one storage may be wrong, the timeline is otherwise whole.
+    """
+    import torch.profiler._memory_profiler as memory_profiler
+
+    checked = memory_profiler.DataFlowNode
+
+    class UncheckedNode(checked):  # type: ignore[misc,valid-type]
+        def __init__(self, event: Any, graph: Any) -> None:
+            # DataFlowNode.__init__ less its final version check
+            self._event = event
+            self._graph = graph
+            self._edges = self._determine_edges()
+            for key, edge in self._edges.items():
+                if edge.mutated and not edge.is_allocation:
+                    self._graph.bump(key)
+
+    checked_graph = memory_profiler.DataFlowGraph
+
+    class UncheckedGraph(checked_graph):  # type: ignore[misc,valid-type]
+        def validate(self) -> None:  # its check that no storage version is output twice
+            return None
+
+    # both are read by name (as module globals) while MemoryProfile builds its data-flow graph
+    module: Any = memory_profiler  # assigned to: a module's globals, not its declared types
+    module.DataFlowNode, module.DataFlowGraph = UncheckedNode, UncheckedGraph
+    try:
+        return memory_profiler.MemoryProfile(profiler.profiler.kineto_results)
+    finally:
+        module.DataFlowNode, module.DataFlowGraph = checked, checked_graph
 
 
 def peak_by_category(events: list[TensorEvent]) -> tuple[dict[str, int], int]:

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CATEGORIES", "EVENT_COLUMNS", "PEAK_COLUMNS", "PHASES", "category_columns"]
 
-#: torch.profiler._memory_profiler.Category names (lower case) plus "unknown" for
-#: memory no rule could classify (torch's ``None`` category, grey in its plots).
+#: torch.profiler._memory_profiler.Category names (lower case), FSDP2's unsharded parameters
+#: and gradients (the whole tensors of the block that runs; see nbtoolkit.memory.sharded), and
+#: "unknown" for memory no rule could classify (torch's ``None`` category, grey in its plots).
 CATEGORIES: tuple[str, ...] = (
     "parameter",
     "optimizer_state",
@@ -24,6 +25,8 @@ CATEGORIES: tuple[str, ...] = (
     "activation",
     "gradient",
     "autograd_detail",
+    "unsharded_parameter",
+    "unsharded_gradient",
     "unknown",
 )
 

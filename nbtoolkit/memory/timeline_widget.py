@@ -27,6 +27,8 @@ _CATEGORY_COLOURS = {
     "activation": "#54A24B",
     "gradient": "#E45756",
     "autograd_detail": "#72B7B2",
+    "unsharded_parameter": "#88B8E0",
+    "unsharded_gradient": "#F2A09F",
     "unknown": "#BAB0AC",
 }
 

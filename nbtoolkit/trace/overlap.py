@@ -39,6 +39,7 @@ from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.profiler_steps import step_number_table
 from nbtoolkit.trace import _kernels as k
 from nbtoolkit.trace import kernel_types as kt
+from nbtoolkit.trace._gloo_calls import gloo_call_collectives
 from nbtoolkit.trace._intervals import covered_per_interval, intersection_length, merge
 from nbtoolkit.trace.kernel_types import COMM_PREFIXES
 
@@ -237,8 +238,13 @@ def _calls_frame(trace: Trace, rank: int, calls: _RankCalls) -> pd.DataFrame:
     if calls.method == "hta-gpu":
         meta = _collective_metadata(trace, rank)
         collective: list[object] = [meta.get(int(ext), {}).get("collective") for ext in external]
-    else:  # gloo:all_reduce -> all_reduce
-        collective = [str(n).split(":", 1)[-1] for n in names]
+    else:  # gloo:all_gather -> all_gather; gloo:all_reduce -> reduce_scatter when it carried one
+        host = view.host_rows
+        name_codes, host_names = view.codes("name", host)
+        c10d = host[_flags(host_names, lambda c: c.startswith("c10d::"))[name_codes]]
+        collective = list(
+            gloo_call_collectives(names, calls.comm[0], view.values("name", c10d), view.values("ts", c10d))
+        )
     return pd.DataFrame(
         {
             "ts": calls.comm[0],

@@ -13,31 +13,14 @@ from typing import Any
 import pytest
 
 from nbtoolkit.integrations.deepspeed.recompute import zero_plan_recompute
+from tests.cluster._sharded_models import gpt_batch as _batch
+from tests.cluster._sharded_models import gpt_loss as _loss
+from tests.cluster._sharded_models import tiny_gpt as _model
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 # DeepSpeed's default buckets (5e8 elements) are 2 GB of fp32 per rank: small ones for a small model
 SMALL = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000}
-
-
-def _model():  # built on each rank
-    from tests.optimize._models import TinyGPT
-
-    # activations (tokens x MLP width) dominate the parameters, as in real training
-    return TinyGPT(dim=32, hidden=[128, 512, 256], seq=64)
-
-
-def _batch(rank: int):
-    import torch
-
-    g = torch.Generator().manual_seed(rank)
-    return torch.randint(0, 64, (16, 64), generator=g), torch.randint(0, 64, (16, 64), generator=g)
-
-
-def _loss(out: Any, targets: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.cross_entropy(out.reshape(-1, 64), targets.reshape(-1))
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +79,14 @@ def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> N
     fig = result.figure()
     assert {t.name for t in fig.data} >= {"ZeRO-1", "ZeRO-2", "ZeRO-3", "budget"}
     assert cluster.run("dist.get_world_size()") == [2, 2]  # the group survives DeepSpeed
+
+
+def test_plan_recompute_on_routes_a_zero_stage_to_the_zero_planner(cluster: Any) -> None:
+    import nbtoolkit as nbt
+    from nbtoolkit.integrations.deepspeed.recompute import ZeroRecompute
+
+    result = nbt.plan_recompute_on(
+        cluster, _model, _batch, strategy="zero2", loss_fn=_loss, steps=1, knobs=SMALL
+    )
+    assert isinstance(result, ZeroRecompute) and set(result.ranks["stage"]) == {2}
+    assert (result.ranks["fixed_bytes"] > 0).all()

@@ -287,15 +287,20 @@ def test_deepspeed_sweep_passes_config_to_the_ranks(monkeypatch: pytest.MonkeyPa
         sweep.zero_sweep(FakeCluster(), object, lambda rank: None, steps=0)  # type: ignore[arg-type]
 
 
-def test_deepspeed_rank_times_with_the_runner() -> None:
-    """The rank's loop is the runner's: a failing step is a StepError there too."""
+def test_deepspeed_and_fsdp2_ranks_time_with_the_runner() -> None:
+    """The ranks' loop (shared by the ZeRO and FSDP2 sweeps) is the runner's: a failing step is a
+    StepError there too."""
     import inspect
 
+    from nbtoolkit.integrations import rank_measure
     from nbtoolkit.integrations.deepspeed import rank
+    from nbtoolkit.integrations.fsdp2 import sweep_rank
 
-    source = inspect.getsource(rank.sweep_one_on_rank)
-    assert "run_steps(step, measure, warmup_only=True)" in source
-    assert "measure" in inspect.signature(rank.sweep_one_on_rank).parameters
+    shared = inspect.getsource(rank_measure.time_and_profile_on_rank)
+    assert "run_steps(step, measure, warmup_only=True)" in shared
+    for sweep_one in (rank.sweep_one_on_rank, sweep_rank.sweep_one_on_rank):
+        assert "time_and_profile_on_rank(" in inspect.getsource(sweep_one)
+        assert "measure" in inspect.signature(sweep_one).parameters
 
 
 def test_a_message_that_ends_a_sentence_is_not_given_a_second_period() -> None:

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.core.measure_config import MeasureConfig
-from nbtoolkit.core.step_runner import run_steps
-from nbtoolkit.memory.profile import live_tensor_bytes
+from nbtoolkit.integrations.rank_measure import live_bytes_before_model, time_and_profile_on_rank
 
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 
@@ -70,53 +69,13 @@ def sweep_one_on_rank(
     lr: float,
     loss_fn: Callable[[Any, Any], Any] | None,
 ) -> dict[str, Any]:
-    """Build the model under ``config``; after ``measure.warmup`` steps, time ``measure.steps``
-    steps (synchronised with the device), profile as many more; return numbers."""
-    import dataclasses
-    import gc
-    import json
-
-    import torch
+    """Build the model under ``config`` and measure it (:func:`time_and_profile_on_rank`)."""
     import torch.distributed as dist
 
-    from nbtoolkit.cluster.rank_tools import profile_to_bytes
-
-    rank = dist.get_rank()
-    gc.collect()
-    before = 0 if torch.cuda.is_available() else live_tensor_bytes()
-    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=rank, lr=lr, loss_fn=loss_fn)
-
+    before = live_bytes_before_model()
+    engine, step = _engine_and_step(model_fn, batch_fn, config, rank=dist.get_rank(), lr=lr, loss_fn=loss_fn)
     try:
-        run_steps(step, measure, warmup_only=True)
-        dist.barrier()  # every rank starts its timed steps together
-        times = run_steps(step, dataclasses.replace(measure, warmup=0)).times_s
-        gc.collect()
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-            base = 0
-        else:
-            base = max(0, live_tensor_bytes() - before)
-        profiled = profile_to_bytes(step, steps=measure.steps, warmup=0, profile_memory=not cuda)
-        if cuda:
-            peak = int(torch.cuda.max_memory_allocated())
-        else:
-            import gzip
-
-            doc = json.loads(gzip.decompress(profiled["trace_gz"]))
-            growth = [
-                int(e["args"].get("Total Allocated", 0))
-                for e in doc.get("traceEvents", [])
-                if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
-            ]
-            peak = base + max([0, *growth])
-        return {
-            "step_times_s": times,
-            "trace_gz": profiled["trace_gz"],
-            "peak_bytes": peak,
-            "state_bytes": base,
-            "loss": profiled["last"],
-        }
+        return time_and_profile_on_rank(step, before=before, measure=measure)
     finally:
         # Release DeepSpeed's hooks and buffers; the next configuration starts with gc.collect().
         engine.destroy()

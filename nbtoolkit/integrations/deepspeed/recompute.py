@@ -2,7 +2,7 @@
 
     result = zero_plan_recompute(cluster, make_model, make_batch, budget=["40MB", "30MB"], stages=(1, 2, 3))
     result.table; result.figure()
-    # or: cluster.plan_recompute(make_model, make_batch, budget="30MB", stage=2)
+    # or: nbt.plan_recompute_on(cluster, make_model, make_batch, strategy="zero2", budget="30MB")
 
 The question the ACS training image's CHECKPOINT_OPTIMIZATION answers by lookup, answered by
 measurement: with ZeRO stage *s* on these ranks, which blocks must be recomputed so that
@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.result import Result, escape, html_table
-from nbtoolkit.core.units import format_bytes, format_seconds, parse_bytes
+from nbtoolkit.core.units import format_bytes
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
+from nbtoolkit.integrations.recompute_table import PLAN_COLUMNS, parse_budgets, plan_rows, shown_plans
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,8 +45,7 @@ __all__ = ["ZeroRecompute", "zero_plan_recompute"]
 class Cluster(Protocol):
     """What the planner uses of an ``nbt.Cluster``: its size, and running a function on every rank.
 
-    Named here rather than imported: ``Cluster.plan_recompute`` imports this module, and importing
-    the Cluster back (even for annotations) would close an import cycle.
+    Named here rather than imported, so that the planner asks no more of the Cluster than this.
     """
 
     @property
@@ -83,18 +83,7 @@ class ZeroRecompute(Result):
         return static_figure(zero_recompute_figure(self.table))
 
     def _shown(self) -> pd.DataFrame:
-        frame = self.table.copy()
-        frame["budget"] = [format_bytes(v) for v in frame["budget_bytes"]]
-        frame["predicted peak"] = [format_bytes(v) for v in frame["predicted_peak_bytes"]]
-        frame["measured peak"] = [format_bytes(v) for v in frame["measured_peak_bytes"]]
-        frame["step"] = [format_seconds(v) for v in frame["step_time_s"]]
-        frame["step, all blocks"] = [format_seconds(v) for v in frame["step_time_all_s"]]
-        frame["blocks"] = [
-            b if b or e else "(none)" for b, e in zip(frame["blocks"], frame["error"], strict=True)
-        ]
-        frame["fits"] = ["yes" if f else "NO" for f in frame["fits"]]
-        return frame[["stage", "budget", "blocks", "predicted peak", "measured peak", "fits", "step",
-                      "step, all blocks"]]
+        return shown_plans(self.table, ["stage"])
 
     def _text(self) -> str:
         lines = [f"ZeRO recompute plans: {len(self.table)} (stage, budget) pairs; peaks: largest rank"]
@@ -113,13 +102,6 @@ class ZeroRecompute(Result):
             "<div class='nbt-zero-recompute'><b>ZeRO recompute plans</b> (peaks: the largest rank's "
             "device total)" + html_table(self._shown()) + errors + "</div>"
         )
-
-
-def _budgets(budget: Any) -> list[int]:
-    if budget is None:
-        return []
-    values = list(budget) if isinstance(budget, (list, tuple)) else [budget]
-    return [parse_bytes(v) for v in values]
 
 
 def zero_plan_recompute(
@@ -161,7 +143,7 @@ def zero_plan_recompute(
     for s in chosen_stages:
         if s not in (1, 2, 3):
             raise NbtUsageError(f"ZeRO stage must be 1, 2 or 3 for a recompute plan, got {s!r}")
-    budgets = _budgets(budget)
+    budgets = parse_budgets(budget)
     measure = measure_config(config)
     rows, rank_rows = [], []
     names: list[str] = []
@@ -174,30 +156,10 @@ def zero_plan_recompute(
             )
         )
         names = results[0]["blocks"]
-        reference = results[0]["reference"]  # gathered: the same on every rank
-        for rank, result in enumerate(results):
-            costs = result["costs"]
-            rank_rows.append({
-                "stage": s, "rank": rank, "fixed_bytes": costs.fixed_bytes,
-                "parameter": costs.fixed_by_category.get("parameter", 0),
-                "optimizer_state": costs.fixed_by_category.get("optimizer_state", 0),
-                "peak_none_bytes": reference["none"]["peak"][rank],
-                "peak_all_bytes": reference["all"]["peak"][rank],
-            })
-        for plan in results[0]["plans"]:
-            measured = plan.get("measured", {"peak": [0], "step_time_s": [float("nan")]})
-            peak = max(measured["peak"])
-            rows.append({
-                "stage": s, "budget_bytes": plan["budget_bytes"], "blocks": ",".join(plan.get("blocks", [])),
-                "n_blocks": len(plan.get("blocks", [])), "predicted_peak_bytes": plan.get("predicted", 0),
-                "measured_peak_bytes": peak, "fits": "error" not in plan and peak <= plan["budget_bytes"],
-                "step_time_s": max(measured["step_time_s"]),
-                "step_time_none_s": max(reference["none"]["step_time_s"]),
-                "step_time_all_s": max(reference["all"]["step_time_s"]),
-                "error": plan.get("error", ""), "notes": "; ".join(plan["notes"]),
-            })
-    columns = ["stage", "budget_bytes", "blocks", "n_blocks", "predicted_peak_bytes", "measured_peak_bytes",
-               "fits", "step_time_s", "step_time_none_s", "step_time_all_s", "error", "notes"]
+        plans, ranks = plan_rows(results, {"stage": s})
+        rows += plans
+        rank_rows += ranks
+    columns = ["stage", *PLAN_COLUMNS]
     return ZeroRecompute(
         table=pd.DataFrame(rows, columns=columns), ranks=pd.DataFrame(rank_rows), blocks=names,
         notes=[f"{cluster.world_size} ranks; budgets count each rank's device total"],

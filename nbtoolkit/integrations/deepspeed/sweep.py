@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
-from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.integrations.deepspeed.config import (
     KNOBS,
     default_settings,
@@ -46,6 +45,17 @@ from nbtoolkit.integrations.deepspeed.config import (
     zero_config,
 )
 from nbtoolkit.integrations.deepspeed.rank import parameter_count, sweep_one_on_rank
+from nbtoolkit.integrations.sweep_common import (
+    NOISE,
+    change,
+    differs,
+    measured_row,
+    rerun_drift,
+    spread_share,
+    sweep_notes,
+    verb,
+)
+from nbtoolkit.integrations.sweep_result import SweepResult
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,56 +65,17 @@ if TYPE_CHECKING:
 
 __all__ = ["ZeroSweep", "read_sweep", "zero_sweep"]
 
-_NOISE = 0.10  # changes smaller than 10% are called "no clear change" (timings on shared CPUs)
-
-
 @dataclass(repr=False)  # the repr is Result's (the text summary)
-class ZeroSweep(Result):
+class ZeroSweep(SweepResult):
     """One row per ZeRO configuration: step time, communication, peak memory; plus its traces."""
 
-    table: pd.DataFrame
-    traces: dict[str, Trace] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    drift: float | None = None
-
-    @property
-    def noise(self) -> float:
-        """The relative step-time change below which no change is named: 10%, or the measured
-        drift of the baseline over the sweep when that is larger."""
-        return max(_NOISE, self.drift or 0.0)
-
-    def figure(self) -> Any:
-        """Bars per configuration: step time and exposed communication (ms), peak memory (MB)."""
-        from nbtoolkit.cluster.figures import sweep_figure
-
-        return sweep_figure(self.table)
+    TITLE = "ZeRO sweep"
+    CSS_CLASS = "nbt-zero-sweep"
+    FIGURE_TITLE = "ZeRO configurations"
 
     def reading(self) -> str:
         """What the knobs changed, in plain words, each configuration against the first."""
         return read_sweep(self.table, noise=self.noise)
-
-    def _text(self) -> str:
-        cols = [
-            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "collectives_per_step", "peak_mb",
-        ]  # fmt: skip
-        shown = self.table[cols].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
-        return f"ZeRO sweep: {len(self.table)} configurations\n{shown}\n\n{self.reading()}" + "".join(
-            f"\nnote: {n}" for n in self.notes
-        )
-
-    def _html(self) -> str:
-        cols = [
-            "config", "step_time_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "collectives_per_step",
-            "peak_mb",
-        ]  # fmt: skip
-        reading = "".join(f"<li>{escape(line)}</li>" for line in self.reading().splitlines())
-        notes = "".join(f"<p><i>{escape(n)}</i></p>" for n in self.notes)
-        return (
-            f"<div class='nbt-zero-sweep'><b>ZeRO sweep</b>: {len(self.table)} configurations "
-            "(times in ms, memory in MB per rank)"
-            + html_table(self.table[cols])
-            + f"<ul>{reading}</ul>{notes}</div>"
-        )
 
 
 def zero_sweep(
@@ -137,8 +108,6 @@ def zero_sweep(
     """
     import pandas as pd
 
-    from nbtoolkit.trace.overlap import comm_comp_overlap
-
     if settings is not None and grid is not None:
         raise NbtUsageError("give settings or grid, not both")
     measure = measure_config(config, steps=steps, warmup=warmup)
@@ -165,28 +134,9 @@ def zero_sweep(
         ))
 
     for setting in chosen:
-        results = run_on_ranks(setting)
         name = label(setting)
-        trace = _load_traces([r["trace_gz"] for r in results])
-        overlap = comm_comp_overlap(trace, include_last_step=True)
-        per_call = comm_comp_overlap(trace, by="collective", include_last_step=True)
-        slowest = _slowest_rank_times(results)
-        times = pd.Series(slowest)
-        rows.append(
-            {
-                "config": name,
-                **{k: setting.get(k) for k in KNOBS},
-                "step_time_ms": 1e3 * float(pd.Series(slowest).median()),
-                "step_time_spread_ms": 1e3 * float(times.quantile(0.75) - times.quantile(0.25)),
-                "comm_ms": float(overlap["comm_time_us"].mean()) / 1e3 / steps,
-                "exposed_comm_ms": float(overlap["exposed_comm_us"].mean()) / 1e3 / steps,
-                "overlap_pct": float(overlap["overlap_pct"].mean()),
-                "collectives_per_step": float((per_call["rank"] == trace.ranks[0]).sum()) / steps,
-                "peak_mb": max(r["peak_bytes"] for r in results) / 2**20,
-                "state_mb": max(r["state_bytes"] for r in results) / 2**20,
-                "loss": results[0]["loss"],
-            }
-        )
+        measured, trace = measured_row(run_on_ranks(setting), steps=steps)
+        rows.append({"config": name, **{k: setting.get(k) for k in KNOBS}, **measured})
         if keep_traces:
             traces[name] = trace
     table = pd.DataFrame(rows)
@@ -194,54 +144,9 @@ def zero_sweep(
     drift = None
     if len(chosen) > 1:
         # the baseline once more: how much the machine itself changed over the sweep
-        again = 1e3 * float(pd.Series(_slowest_rank_times(run_on_ranks(chosen[0]))).median())
-        first = float(table["step_time_ms"].iloc[0])
-        drift = abs(again / first - 1) if first > 0 else None
-    notes = [
-        f"{steps} timed steps after {warmup} warmup, then {steps} profiled steps, {cluster.world_size} ranks",
-        (
-            "communication is measured in the profiled steps, which the profiler slows down: compare it "
-            "between configurations, not with the step time"
-        ),
-    ]
-    if drift is not None:
-        notes.append(
-            f"the baseline {table['config'].iloc[0]} ran again after the last configuration and its step "
-            f"time moved by {drift:.0%}: step-time changes within ±{max(_NOISE, drift):.0%} are not named"
-        )
+        drift = rerun_drift(float(table["step_time_ms"].iloc[0]), run_on_ranks(chosen[0]))
+    notes = sweep_notes(measure, cluster.world_size, str(table["config"].iloc[0]), drift)
     return ZeroSweep(table=table, traces=traces, notes=notes, drift=drift)
-
-
-def _slowest_rank_times(results: Sequence[dict[str, Any]]) -> list[float]:
-    """Each timed step's time on the slowest rank."""
-    return [max(times) for times in zip(*(r["step_times_s"] for r in results), strict=True)]
-
-
-def _load_traces(blobs: list[bytes]) -> Trace:
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from nbtoolkit.trace.kineto import load_trace
-
-    folder = Path(tempfile.mkdtemp(prefix="nbt-zero-"))
-    try:
-        for rank, blob in enumerate(blobs):
-            (folder / f"rank{rank}.json.gz").write_bytes(blob)
-        return load_trace(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _change(new: float, old: float) -> float:
-    return (new - old) / old if old and math.isfinite(old) and math.isfinite(new) else math.nan
-
-
-def _verb(ratio: float, what: str, unit_new: str, unit_old: str, noise: float = _NOISE) -> str:
-    if not math.isfinite(ratio) or abs(ratio) < noise:
-        return f"no clear change in {what} ({unit_old} -> {unit_new}, within the ±{noise:.0%} noise)"
-    direction = "raised" if ratio > 0 else "cut"
-    return f"{direction} {what} by {abs(ratio) * 100:.0f}% ({unit_old} -> {unit_new})"
 
 
 _STAGE_MEANING = {
@@ -251,7 +156,7 @@ _STAGE_MEANING = {
 }
 
 
-def read_sweep(table: pd.DataFrame, *, noise: float = _NOISE) -> str:
+def read_sweep(table: pd.DataFrame, *, noise: float = NOISE) -> str:
     """One plain-words line per configuration, against the first one (the baseline).
 
     A step-time change under ``noise`` (10% by default: timings on shared CPUs vary that much;
@@ -267,13 +172,13 @@ def read_sweep(table: pd.DataFrame, *, noise: float = _NOISE) -> str:
         + _STAGE_MEANING.get(int(base["stage"]), "")
     ]
     for _, row in table.iloc[1:].iterrows():
-        changed = [k for k in KNOBS if _differs(row[k], base[k])]
+        changed = [k for k in KNOBS if differs(row[k], base[k])]
         what = ", ".join(f"{k}={_show(row[k])}" for k in changed) or "nothing"
-        spread = _spread_share(row, base)
+        spread = spread_share(row, base)
         parts = [
-            _verb(_change(row["step_time_ms"], base["step_time_ms"]), "step time",
+            verb(change(row["step_time_ms"], base["step_time_ms"]), "step time",
                   f"{row['step_time_ms']:.1f} ms", f"{base['step_time_ms']:.1f} ms", max(noise, spread)),
-            _verb(_change(row["peak_mb"], base["peak_mb"]), "peak memory",
+            verb(change(row["peak_mb"], base["peak_mb"]), "peak memory",
                   f"{row['peak_mb']:.1f} MB", f"{base['peak_mb']:.1f} MB"),
         ]  # fmt: skip
         calls_new, calls_old = row["collectives_per_step"], base["collectives_per_step"]
@@ -299,22 +204,6 @@ def read_sweep(table: pd.DataFrame, *, noise: float = _NOISE) -> str:
             line += " Why: " + " ".join(w.rstrip(".") + "." for w in why if w)
         lines.append(line)
     return "\n".join(lines)
-
-
-def _spread_share(row: Any, base: Any) -> float:
-    """The two rows' step-time spreads together, as a share of the baseline's step time (0 when
-    the table has no spreads)."""
-    if "step_time_spread_ms" not in row or not base["step_time_ms"]:
-        return 0.0
-    total = float(row["step_time_spread_ms"]) + float(base["step_time_spread_ms"])
-    return total / float(base["step_time_ms"]) if math.isfinite(total) else 0.0
-
-
-def _differs(a: Any, b: Any) -> bool:
-    def norm(v: Any) -> Any:
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-    return bool(norm(a) != norm(b))
 
 
 def _show(v: Any) -> str:
