@@ -64,6 +64,12 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    three times, and the measured peak is recorded.
 
 The model is left as it was (hooks removed, checkpoint wrappers undone) also on errors.
+
+**The model's own checkpointing** (Hugging Face's ``gradient_checkpointing_enable()``, timm's
+``set_grad_checkpointing()``): a plan wins while it is applied (it turns the model's flags off,
+undo turns them back on; ``nbtoolkit.recompute.framework_checkpointing`` says why). So steps 2-8
+run with those flags off, and one more profiled step at the end measures the peak as the user
+runs it, flags on, which the plan's first note gives next to the numbers without them.
 Steps run for real: the optimizer updates the weights, as in your training loop.
 
 Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
@@ -84,6 +90,11 @@ from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_modul
 from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.config import RecomputeConfig
 from nbtoolkit.recompute.costs import RecomputeCosts
+from nbtoolkit.recompute.framework_checkpointing import (
+    describe,
+    framework_checkpointing,
+    suspend_framework_checkpointing,
+)
 from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
 from nbtoolkit.recompute.plan import RecomputePlan
 from nbtoolkit.recompute.plan_measure import measure_recompute_costs, measurement_runs
@@ -150,7 +161,10 @@ def plan_recompute(
     candidates = candidate_blocks(module, config.blocks)
     gpu = device if device.type == "cuda" else None  # the memory profiler's device= (None: the CPU)
     verifying = config.verify and budget is not None
-    total_runs = measurement_runs(len(candidates.blocks), config.steps) + (1 if verifying else 0)
+    own = framework_checkpointing(module)  # the model's own checkpointing: measured once as it is
+    total_runs = (
+        measurement_runs(len(candidates.blocks), config.steps) + (1 if verifying else 0) + (1 if own else 0)
+    )
     done = 0
 
     def tick(what: str) -> None:
@@ -159,14 +173,37 @@ def plan_recompute(
         if progress is not None:
             progress(min(done, total_runs), total_runs, what)
 
-    costs = measure_recompute_costs(
-        step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total"
-    )
-    plan = solve_recompute(costs, budget, budget_kind=kind)
-    if verifying and plan.blocks:
-        assert budget is not None
-        plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
+    # a plan replaces the model's own checkpointing while applied, so it is measured without it
+    with suspend_framework_checkpointing(module):
+        costs = measure_recompute_costs(
+            step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total"
+        )
+        plan = solve_recompute(costs, budget, budget_kind=kind)
+        if verifying and plan.blocks:
+            assert budget is not None
+            plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
+    if own:  # measured last: the step is warm then (optimizer state exists), as in the user's loop
+        as_run = _peak(step, total=kind == "total", device=gpu)
+        tick(f"profiled step as you run it ({describe(own)} on)")
+        plan = dataclasses.replace(plan, notes=[_replaces_note(own, as_run, plan), *plan.notes])
     return plan
+
+
+def _peak(step: Any, *, total: bool, device: torch.device | None) -> int:
+    """One profiled step's peak: the device's total (``total``) or the step's own."""
+    series, _, _ = profile_memory_series(step, total=total, device=device)
+    whole = series.total_peak_bytes
+    return whole if total and whole is not None else series.peak_bytes
+
+
+def _replaces_note(own: dict[str, list[str]], as_run: int, plan: RecomputePlan) -> str:
+    """The plan's note when the model checkpoints itself: which wins, and both peaks."""
+    return (
+        f"your model has its own {describe(own)} on. Applying this plan turns it off and checkpoints "
+        "exactly the plan's blocks (undo turns it back on), so every number here is measured with it off: "
+        f"{format_bytes(plan.baseline_peak_bytes)} with no checkpointing at all. As you run it, with "
+        f"its own checkpointing, the step peaked at {format_bytes(as_run)} (measured)"
+    )
 
 
 def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> RecomputeConfig:
@@ -206,11 +243,9 @@ def _verified(
     for _attempt in range(_VERIFY_ATTEMPTS):
         applied = checkpoint_modules({name: candidates.blocks[name] for name in plan.blocks})
         try:
-            series, _, _ = profile_memory_series(step, total=total, device=device)
+            measured = _peak(step, total=total, device=device)
         finally:
             applied.undo()
-        whole = series.total_peak_bytes
-        measured = whole if total and whole is not None else series.peak_bytes
         if measured <= budget:
             break
         overshoot = measured - plan.predicted_peak_bytes
