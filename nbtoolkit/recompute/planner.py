@@ -10,8 +10,9 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
 
 1. **Candidates.** The blocks you name, or by default the repeated blocks of the model:
    among every module's direct children, the groups of two or more non-leaf children of
-   the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks);
-   the group holding the most parameters wins.
+   the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks),
+   all the non-leaf children of a ``ModuleList`` being one group whatever their classes (a
+   hybrid stack); the group holding the most parameters wins (``blocks.find_repeated_blocks``).
 2. **Recompute time** (``nbtoolkit.recompute.recompute_timing`` gives every reason). One
    warm-up step (so optimizer state exists), then interleaved rounds, each one plain step
    and one step with every candidate checkpointed. In the checkpointed step each block's

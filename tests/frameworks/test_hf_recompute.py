@@ -234,6 +234,18 @@ def test_two_layer_decoder_still_has_its_layers_as_blocks() -> None:
     assert find_repeated_blocks(decoder("llama", layers=2)) == ["model.layers.0", "model.layers.1"]
 
 
+def test_hybrid_stack_is_one_group_of_blocks() -> None:
+    """Jamba alternates Mamba and attention layers (two classes) in one ModuleList: all are blocks."""
+    config = transformers.JambaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=8, expert_layer_offset=7, mamba_d_state=8, mamba_dt_rank=8, use_cache=False,
+    )
+    model = transformers.JambaForCausalLM(config)
+    assert len({type(layer) for layer in model.model.layers}) == 2
+    assert find_repeated_blocks(model) == [f"model.layers.{i}" for i in range(LAYERS)]
+
+
 def test_repeated_blocks_of_a_timm_layout_vit() -> None:
     assert find_repeated_blocks(TimmLayoutViT()) == [f"blocks.{i}" for i in range(LAYERS)]
 
