@@ -160,7 +160,6 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
         total=measure.warmup + plan_runs + after_warmup + (1 if measure.warmup else 0)
         + 2 * (measure.steps + extra_runs),
     )
-    own = framework_checkpointing(module)  # the model's own checkpointing, as the user runs it
     initial_state = _copy_state(module)
     pair = PairedMeasure(step, measure, stages, restore_weights=lambda: _restore_state(module, initial_state))
     plan = None
@@ -168,6 +167,9 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     notes: list[str] = []
     try:
         pair.warm_before(module)
+        # the model's own checkpointing as the user runs it: read after the warm-up, where a training
+        # loop as the step (a Trainer with gradient_checkpointing=True) has turned it on
+        own = framework_checkpointing(module)
         if auto:
             assert budget is not None
             done_at_start = stages.done

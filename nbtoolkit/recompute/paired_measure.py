@@ -96,12 +96,14 @@ class PairedMeasure:
         return wall, cpu
 
     def warm_before(self, model: Any) -> None:
-        """The unchanged model's warm-up steps; captures its ``forward`` state first."""
-        self.before_state = ForwardStates(model, also=tuple(CHECKPOINTING_FLAGS))
+        """The unchanged model's warm-up steps; captures its ``forward`` state and checkpointing flags
+        after them (a training loop as the step sets its model up in its first step: a Trainer with
+        gradient_checkpointing=True turns the model's own checkpointing on there)."""
         for index in range(self.config.warmup):
             what = f"warm-up step {index + 1} of {self.config.warmup} (before the change)"
             self.warm_times["before"].append(self._timed_call("before", what)[0])
             self.stages.tick("warming up", what)
+        self.before_state = ForwardStates(model, also=tuple(CHECKPOINTING_FLAGS))
 
     def warm_after(self, model: Any, *, compiled: bool) -> None:
         """The changed model's warm-up steps (at least one when ``compiled``); captures its state."""

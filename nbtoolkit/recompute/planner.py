@@ -69,8 +69,10 @@ The model is left as it was (hooks removed, checkpoint wrappers undone) also on 
 **The model's own checkpointing** (Hugging Face's ``gradient_checkpointing_enable()``, timm's
 ``set_grad_checkpointing()``): a plan wins while it is applied (it turns the model's flags off,
 undo turns them back on; ``nbtoolkit.recompute.framework_checkpointing`` says why). So steps 2-8
-run with those flags off, and one more profiled step at the end measures the peak as the user
-runs it, flags on, which the plan's first note gives next to the numbers without them.
+run with those flags off. The warm-up step runs first, as the user runs it (a Trainer made
+into the step turns its checkpointing on there); when the model's own checkpointing is on
+then, one more profiled step measures the peak as the user runs it, which the plan's first
+note gives next to the numbers without it.
 Steps run for real: the optimizer updates the weights, as in your training loop.
 
 Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
@@ -96,7 +98,7 @@ from nbtoolkit.recompute.framework_checkpointing import (
     framework_checkpointing,
     suspend_framework_checkpointing,
 )
-from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
+from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series, run_step
 from nbtoolkit.recompute.plan import RecomputePlan
 from nbtoolkit.recompute.plan_measure import measure_recompute_costs, measurement_runs
 from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
@@ -162,10 +164,7 @@ def plan_recompute(
     candidates = candidate_blocks(module, config.blocks)
     gpu = device if device.type == "cuda" else None  # the memory profiler's device= (None: the CPU)
     verifying = config.verify and budget is not None
-    own = framework_checkpointing(module)  # the model's own checkpointing: measured once as it is
-    total_runs = (
-        measurement_runs(len(candidates.blocks), config.steps) + (1 if verifying else 0) + (1 if own else 0)
-    )
+    total_runs = measurement_runs(len(candidates.blocks), config.steps) + (1 if verifying else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -174,19 +173,36 @@ def plan_recompute(
         if progress is not None:
             progress(min(done, total_runs), total_runs, what)
 
+    # the warm-up step first (optimizer state, lazy buffers), as the user runs it: a training loop
+    # as the step (nbt.train_step(trainer)) starts there, and a Trainer with gradient_checkpointing=True
+    # turns the model's own checkpointing on then
+    run_step(step, "warm-up step")
+    tick("warm-up step")
+    own = framework_checkpointing(module)
+    as_run = None
+    if own:
+        total_runs += 1
+        as_run = _peak(step, total=kind == "total", device=gpu)
+        tick(f"profiled step as you run it ({describe(own)} on)")
     # a plan replaces the model's own checkpointing while applied, so it is measured without it
     with suspend_framework_checkpointing(module):
         costs = measure_recompute_costs(
-            step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total"
+            step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total", warm=False
         )
         plan = solve_recompute(costs, budget, budget_kind=kind)
         if verifying and plan.blocks:
             assert budget is not None
             plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
-    if own:  # measured last: the step is warm then (optimizer state exists), as in the user's loop
-        as_run = _peak(step, total=kind == "total", device=gpu)
-        tick(f"profiled step as you run it ({describe(own)} on)")
-        plan = dataclasses.replace(plan, notes=[_replaces_note(own, as_run, plan), *plan.notes])
+        back_on = framework_checkpointing(module)
+    notes = [_replaces_note(own, as_run, plan)] if own and as_run is not None else []
+    if back_on:
+        notes.append(
+            f"{describe(back_on)} came back on while the plan was measured (a training loop restarted "
+            "and set it up again?): those steps checkpointed more than the plan says, so its numbers may "
+            "be off; give the loop enough steps for planning (e.g. a larger max_steps) and plan again"
+        )
+    if notes:
+        plan = dataclasses.replace(plan, notes=[*notes, *plan.notes])
     return plan
 
 
