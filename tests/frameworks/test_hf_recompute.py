@@ -282,6 +282,19 @@ def test_applied_plan_replaces_hf_checkpointing_and_undo_restores_it() -> None:
     remove()
 
 
+def test_every_other_layer_checkpointing_comes_back_exactly() -> None:
+    """HF's every_n_layers=2 leaves some layers' flags off: undo restores each module's own value."""
+    model = decoder("llama")
+    if not hasattr(model, "activation_checkpointing_enable"):
+        pytest.skip("needs transformers 5.x (activation_checkpointing_enable(every_n_layers=...))")
+    model.activation_checkpointing_enable(every_n_layers=2)
+    flags = {n: m.__dict__.get("gradient_checkpointing") for n, m in model.named_modules()}
+    assert [flags[f"model.layers.{i}"] for i in range(LAYERS)] == [True, False, True, False]
+    with checkpoint_blocks(model, ["model.layers.3"]):
+        assert framework_checkpointing(model) == {}
+    assert {n: m.__dict__.get("gradient_checkpointing") for n, m in model.named_modules()} == flags
+
+
 def test_timm_grad_checkpointing_is_replaced_too() -> None:
     model = TimmLayoutViT()
     model.set_grad_checkpointing(True)
