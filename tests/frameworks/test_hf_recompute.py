@@ -494,7 +494,10 @@ print("survived")
     "the garbage collector): a nbt.train_step loop whose step uses torch's own non-reentrant checkpoint, "
     "stepped under torch.profiler(profile_memory=True); no nbtoolkit recompute code involved. The same "
     "with a bare greenlet switching from an optimizer post-hook survives. "
-    "What makes the Trainer test above skip",
+    "What makes the Trainer test above skip. Narrowed: a bare greenlet given "
+    "gr_context = contextvars.copy_context() (as training_loop.launch does) crashes the same way with "
+    "checkpoint + any torch.profiler (profile_memory or not); without that gr_context, or without "
+    "the profiler, or without checkpoint, it survives",
     strict=False,
 )
 def test_a_loop_step_with_checkpointing_survives_the_memory_profiler(tmp_path: Path) -> None:
