@@ -62,14 +62,28 @@ def resolve_blocks(model: torch.nn.Module, names: Sequence[str]) -> list[torch.n
 
 
 def find_repeated_blocks(model: torch.nn.Module) -> list[str]:
-    """Names of the model's repeated blocks (step 1 of the module docstring), in model order."""
+    """Names of the model's repeated blocks, in model order.
+
+    Among every module's direct children, the groups of two or more non-leaf children of the same
+    class; the non-leaf children of a ``ModuleList`` form one group whatever their classes (a
+    hybrid stack such as Jamba's ``model.layers``, Mamba and attention layers alternating, is one
+    stack of layers). The group holding the most parameters wins (then the larger group).
+
+    What it finds in common families: ``model.layers.N`` of Hugging Face decoders (Llama, Qwen2,
+    Mistral; the layers sit under the ``model`` attribute of ``*ForCausalLM``, and the rotary
+    embedding, a leaf module, is never a candidate), ``transformer.h.N`` of GPT-2, ``blocks.N`` of
+    a timm ViT (tests/frameworks/test_hf_recompute.py checks each).
+    """
+    import torch
+
     best: tuple[int, int, list[str]] | None = None
     for parent_name, parent in model.named_modules():
-        groups: dict[type, list[tuple[str, Any]]] = {}
+        groups: dict[Any, list[tuple[str, Any]]] = {}
+        stack = isinstance(parent, torch.nn.ModuleList)
         for child_name, child in parent.named_children():
             if next(child.children(), None) is None:  # leaf modules (Linear, LayerNorm) are not blocks
                 continue
-            groups.setdefault(type(child), []).append((child_name, child))
+            groups.setdefault("stack" if stack else type(child), []).append((child_name, child))
         for members in groups.values():
             if len(members) < 2:
                 continue

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.recompute.blocks import check_module, resolve_blocks
+from nbtoolkit.recompute.framework_checkpointing import suspend_framework_checkpointing
 from nbtoolkit.recompute.handle import Applied, replace_forward
 
 if TYPE_CHECKING:
@@ -59,10 +60,21 @@ def _checkpointed(forward: Callable[..., Any], *, rerun: Rerun | None = None) ->
 
 
 def checkpoint_blocks(model: torch.nn.Module, names: Sequence[str]) -> Applied:
-    """Wrap each named block of ``model`` in activation checkpointing; ``.undo()`` restores it."""
+    """Wrap each named block of ``model`` in activation checkpointing; ``.undo()`` restores it.
+
+    The model's own checkpointing (Hugging Face's ``gradient_checkpointing``, timm's
+    ``grad_checkpointing``) is turned off meanwhile and back on by ``.undo()``: exactly the named
+    blocks are checkpointed, once (``nbtoolkit.recompute.framework_checkpointing`` says why)."""
     check_module(model)
     names = [names] if isinstance(names, str) else list(names)
-    return checkpoint_modules(dict(zip(names, resolve_blocks(model, names), strict=True)))
+    blocks = dict(zip(names, resolve_blocks(model, names), strict=True))
+    applied = suspend_framework_checkpointing(model)
+    try:
+        applied.extend(checkpoint_modules(blocks))
+    except BaseException:
+        applied.undo()
+        raise
+    return applied
 
 
 def checkpoint_modules(

@@ -72,20 +72,27 @@ def replace_forward(
 
 
 class ForwardStates:
-    """The ``forward`` instance attributes of every module of a model at one moment, to put back.
+    """The ``forward`` instance attributes of every module of a model at one moment, to put back;
+    and any other instance attributes named in ``also`` (the library checkpointing flags that
+    applying a plan turns off, ``nbtoolkit.recompute.framework_checkpointing``).
 
     ``nbt.optimize`` captures the model before and after applying its changes and switches
     between the two for every interleaved step: setting attributes back costs microseconds,
     and the compiled forward object stays the same, so switching never recompiles.
     """
 
-    def __init__(self, model: Any) -> None:
-        self._forwards = [(module, module.__dict__.get("forward", _MISSING)) for module in model.modules()]
+    def __init__(self, model: Any, also: tuple[str, ...] = ()) -> None:
+        names = ("forward", *also)
+        self._values = [
+            (module, name, module.__dict__.get(name, _MISSING))
+            for module in model.modules()
+            for name in names
+        ]
 
     def restore(self) -> None:
-        """Set every module's ``forward`` instance attribute back to what it was when captured."""
-        for module, forward in self._forwards:
-            if forward is _MISSING:
-                module.__dict__.pop("forward", None)
+        """Set every captured instance attribute back to what it was when captured."""
+        for module, name, value in self._values:
+            if value is _MISSING:
+                module.__dict__.pop(name, None)
             else:
-                module.__dict__["forward"] = forward
+                module.__dict__[name] = value

@@ -1,8 +1,10 @@
 """``nbt.optimize``: measure a step, apply compile / recomputation / AMP, measure again, compare.
 
 Order of application (and the reverse order of undo): checkpoint wrappers on the chosen
-blocks, then autocast around the model's forward, then torch.compile of that forward, so
-that the compiled graph contains the autocast region and the checkpointed blocks.
+blocks (the model's own checkpointing, Hugging Face's or timm's, turned off meanwhile:
+``nbtoolkit.recompute.framework_checkpointing``), then autocast around the model's forward,
+then torch.compile of that forward, so that the compiled graph contains the autocast region
+and the checkpointed blocks.
 
 **The model is restored afterwards by default** (``undo=True``): the comparison is a
 measurement, not a change you did not ask to keep. With ``undo=False`` the changes stay
@@ -32,6 +34,7 @@ from nbtoolkit.recompute.blocks import check_module, resolve_blocks
 from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.comparison import Comparison
 from nbtoolkit.recompute.config import OptimizeConfig
+from nbtoolkit.recompute.framework_checkpointing import describe, framework_checkpointing
 from nbtoolkit.recompute.handle import Applied
 from nbtoolkit.recompute.measure import Progress, check_step
 from nbtoolkit.recompute.paired_measure import PairedMeasure, StageProgress
@@ -164,6 +167,9 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     notes: list[str] = []
     try:
         pair.warm_before(module)
+        # the model's own checkpointing as the user runs it: read after the warm-up, where a training
+        # loop as the step (a Trainer with gradient_checkpointing=True) has turned it on
+        own = framework_checkpointing(module)
         if auto:
             assert budget is not None
             done_at_start = stages.done
@@ -201,6 +207,12 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     _restore_state(module, initial_state)  # measuring must not train the user's model
     notes.extend(pair.notes())
     notes.extend(_use_cache_note(module, after, names))
+    if names and own:
+        notes.append(
+            f"your model has its own {describe(own)} on: 'before' runs with it, as you run it; 'after' "
+            "has it off and checkpoints exactly the chosen blocks instead (nbtoolkit's checkpointing "
+            "wins while applied; undo turns the model's own back on)"
+        )
     after_total = after.total_peak_bytes if after.total_peak_bytes is not None else after.peak_bytes
     if budget is not None and auto and after_total > budget:
         notes.append(

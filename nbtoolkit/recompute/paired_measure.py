@@ -9,8 +9,10 @@ in machine load between the two became the result. Here (the statistics are in
    run, torch.compile compiling there. A compiled side gets at least one warm-up step, so
    compilation never lands in a timed step.
 2. **Interleaved rounds.** The model's ``forward`` attributes are captured in both states
-   (:class:`~nbtoolkit.recompute.handle.ForwardStates`) and switched before every step, so
-   before and after alternate step by step under the same load and the same warm state.
+   (:class:`~nbtoolkit.recompute.handle.ForwardStates`, with the library checkpointing flags a
+   plan turns off) and switched before every step, so before and after alternate step by step
+   under the same load and the same warm state: the before side runs as the user runs it
+   (Hugging Face's own checkpointing included), the after side as changed.
    Switching sets attributes only: the compiled forward stays the same object and nothing
    recompiles. Rounds continue while the answer is unclear, up to ``time_limit_s``.
 3. **FLOPs and memory of each side**: one FLOP-counted and one memory-profiled step each
@@ -30,6 +32,7 @@ from nbtoolkit.core.interleaved import InterleavedTiming, time_interleaved
 from nbtoolkit.core.measure_config import MeasureConfig
 from nbtoolkit.core.step_runner import step_name, timed_call
 from nbtoolkit.recompute.comparison import Measurement
+from nbtoolkit.recompute.framework_checkpointing import CHECKPOINTING_FLAGS
 from nbtoolkit.recompute.handle import ForwardStates
 from nbtoolkit.recompute.measure import (
     Progress,
@@ -93,16 +96,18 @@ class PairedMeasure:
         return wall, cpu
 
     def warm_before(self, model: Any) -> None:
-        """The unchanged model's warm-up steps; captures its ``forward`` state first."""
-        self.before_state = ForwardStates(model)
+        """The unchanged model's warm-up steps; captures its ``forward`` state and checkpointing flags
+        after them (a training loop as the step sets its model up in its first step: a Trainer with
+        gradient_checkpointing=True turns the model's own checkpointing on there)."""
         for index in range(self.config.warmup):
             what = f"warm-up step {index + 1} of {self.config.warmup} (before the change)"
             self.warm_times["before"].append(self._timed_call("before", what)[0])
             self.stages.tick("warming up", what)
+        self.before_state = ForwardStates(model, also=tuple(CHECKPOINTING_FLAGS))
 
     def warm_after(self, model: Any, *, compiled: bool) -> None:
         """The changed model's warm-up steps (at least one when ``compiled``); captures its state."""
-        self.after_state = ForwardStates(model)
+        self.after_state = ForwardStates(model, also=tuple(CHECKPOINTING_FLAGS))
         self.compiled = compiled
         if compiled:
             self._counts_before_compile = dynamo_counts()

@@ -194,7 +194,11 @@ class RecomputePlan(Result):
         )
 
     def apply(self, model: Any) -> Undoable:
-        """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly."""
+        """Checkpoint the chosen blocks of ``model``; the handle's ``undo()`` restores it exactly.
+
+        The model's own checkpointing (Hugging Face's ``gradient_checkpointing_enable()``, timm's
+        ``set_grad_checkpointing()``) is off while the plan is applied and back on after ``undo()``:
+        the plan's peak and overhead are for exactly its blocks checkpointed, once."""
         from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 
         return checkpoint_blocks(model, self.blocks)

@@ -171,6 +171,7 @@ def measure_recompute_costs(
     total: bool = True,
     time_limit_s: float | None = None,
     pool: bool = True,
+    warm: bool = True,
 ) -> RecomputeCosts:
     """Steps 2-4 for the candidate blocks; ``tick(what)`` after each counted run. ``device``: the
     GPU the model is on, None on the CPU (the memory profiler's ``device=``; on the CPU times
@@ -180,7 +181,8 @@ def measure_recompute_costs(
     it cannot be measured. ``steps``: timing rounds at least; more while the estimates are
     imprecise, for up to ``time_limit_s`` seconds more (None: ``recompute_timing.TIME_LIMIT_S``).
     ``pool``: identical blocks share one pooled cost (``recompute_timing``'s docstring says
-    why); False costs each block on its own.
+    why); False costs each block on its own. ``warm``: run (and tick) the warm-up step here; False
+    when the caller ran it already (the planner does, to see the model as the user's loop sets it up).
     """
     names = candidates.names
     blocks = list(candidates.blocks.values())
@@ -188,8 +190,9 @@ def measure_recompute_costs(
     stopwatch = Stopwatch(device)
     probe = _BlockProbe(blocks, stopwatch)
     try:
-        run_step(step, "warm-up step")  # optimizer state, lazy buffers
-        tick("warm-up step")
+        if warm:
+            run_step(step, "warm-up step")  # optimizer state, lazy buffers
+            tick("warm-up step")
         rounds = time_recompute(
             candidates, step, stopwatch, forward_marks=probe.forward_marks, steps=steps,
             time_limit_s=time_limit_s, tick=tick,

@@ -10,8 +10,9 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
 
 1. **Candidates.** The blocks you name, or by default the repeated blocks of the model:
    among every module's direct children, the groups of two or more non-leaf children of
-   the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks);
-   the group holding the most parameters wins.
+   the same class (the layers of a ``ModuleList``/``Sequential``, a transformer's blocks),
+   all the non-leaf children of a ``ModuleList`` being one group whatever their classes (a
+   hybrid stack); the group holding the most parameters wins (``blocks.find_repeated_blocks``).
 2. **Recompute time** (``nbtoolkit.recompute.recompute_timing`` gives every reason). One
    warm-up step (so optimizer state exists), then interleaved rounds, each one plain step
    and one step with every candidate checkpointed. In the checkpointed step each block's
@@ -64,6 +65,14 @@ Algorithm of :func:`plan_recompute`, every number measured on the machine at han
    three times, and the measured peak is recorded.
 
 The model is left as it was (hooks removed, checkpoint wrappers undone) also on errors.
+
+**The model's own checkpointing** (Hugging Face's ``gradient_checkpointing_enable()``, timm's
+``set_grad_checkpointing()``): a plan wins while it is applied (it turns the model's flags off,
+undo turns them back on; ``nbtoolkit.recompute.framework_checkpointing`` says why). So steps 2-8
+run with those flags off. The warm-up step runs first, as the user runs it (a Trainer made
+into the step turns its checkpointing on there); when the model's own checkpointing is on
+then, one more profiled step measures the peak as the user runs it, which the plan's first
+note gives next to the numbers without it.
 Steps run for real: the optimizer updates the weights, as in your training loop.
 
 Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
@@ -84,7 +93,12 @@ from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_modul
 from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.config import RecomputeConfig
 from nbtoolkit.recompute.costs import RecomputeCosts
-from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series
+from nbtoolkit.recompute.framework_checkpointing import (
+    describe,
+    framework_checkpointing,
+    suspend_framework_checkpointing,
+)
+from nbtoolkit.recompute.measure import Progress, check_step, profile_memory_series, run_step
 from nbtoolkit.recompute.plan import RecomputePlan
 from nbtoolkit.recompute.plan_measure import measure_recompute_costs, measurement_runs
 from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
@@ -159,14 +173,54 @@ def plan_recompute(
         if progress is not None:
             progress(min(done, total_runs), total_runs, what)
 
-    costs = measure_recompute_costs(
-        step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total"
-    )
-    plan = solve_recompute(costs, budget, budget_kind=kind)
-    if verifying and plan.blocks:
-        assert budget is not None
-        plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
+    # the warm-up step first (optimizer state, lazy buffers), as the user runs it: a training loop
+    # as the step (nbt.train_step(trainer)) starts there, and a Trainer with gradient_checkpointing=True
+    # turns the model's own checkpointing on then
+    run_step(step, "warm-up step")
+    tick("warm-up step")
+    own = framework_checkpointing(module)
+    as_run = None
+    if own:
+        total_runs += 1
+        as_run = _peak(step, total=kind == "total", device=gpu)
+        tick(f"profiled step as you run it ({describe(own)} on)")
+    # a plan replaces the model's own checkpointing while applied, so it is measured without it
+    with suspend_framework_checkpointing(module):
+        costs = measure_recompute_costs(
+            step, candidates, device=gpu, steps=config.steps, tick=tick, total=kind == "total", warm=False
+        )
+        plan = solve_recompute(costs, budget, budget_kind=kind)
+        if verifying and plan.blocks:
+            assert budget is not None
+            plan = _verified(step, candidates, costs, plan, budget, device=gpu, tick=tick)
+        back_on = framework_checkpointing(module)
+    notes = [_replaces_note(own, as_run, plan)] if own and as_run is not None else []
+    if back_on:
+        notes.append(
+            f"{describe(back_on)} came back on while the plan was measured (a training loop restarted "
+            "and set it up again?): those steps checkpointed more than the plan says, so its numbers may "
+            "be off; give the loop enough steps for planning (e.g. a larger max_steps) and plan again"
+        )
+    if notes:
+        plan = dataclasses.replace(plan, notes=[*notes, *plan.notes])
     return plan
+
+
+def _peak(step: Any, *, total: bool, device: torch.device | None) -> int:
+    """One profiled step's peak: the device's total (``total``) or the step's own."""
+    series, _, _ = profile_memory_series(step, total=total, device=device)
+    whole = series.total_peak_bytes
+    return whole if total and whole is not None else series.peak_bytes
+
+
+def _replaces_note(own: dict[str, list[str]], as_run: int, plan: RecomputePlan) -> str:
+    """The plan's note when the model checkpoints itself: which wins, and both peaks."""
+    return (
+        f"your model has its own {describe(own)} on. Applying this plan turns it off and checkpoints "
+        "exactly the plan's blocks (undo turns it back on), so every number here is measured with it off: "
+        f"{format_bytes(plan.baseline_peak_bytes)} with no checkpointing at all. As you run it, with "
+        f"its own checkpointing, the step peaked at {format_bytes(as_run)} (measured)"
+    )
 
 
 def _config(config: Any, *, blocks: Any, steps: int | None, verify: bool) -> RecomputeConfig:
@@ -206,11 +260,9 @@ def _verified(
     for _attempt in range(_VERIFY_ATTEMPTS):
         applied = checkpoint_modules({name: candidates.blocks[name] for name in plan.blocks})
         try:
-            series, _, _ = profile_memory_series(step, total=total, device=device)
+            measured = _peak(step, total=total, device=device)
         finally:
             applied.undo()
-        whole = series.total_peak_bytes
-        measured = whole if total and whole is not None else series.peak_bytes
         if measured <= budget:
             break
         overshoot = measured - plan.predicted_peak_bytes
