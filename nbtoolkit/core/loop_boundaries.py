@@ -13,6 +13,15 @@ While at least one :class:`~nbtoolkit.core.training_loop.LoopSteps` is open, thi
   (The autograd engine has no global "backward started" hook; per-tensor hooks would need the
   graph's roots, which only the caller of backward knows.)
 
+A step's end is reported once ``Optimizer.step`` has *returned*, not from inside it: the post-hook
+runs within the optimizer's own ``record_function`` range, and a loop paused there would close
+that range after the caller had stopped the profiler that opened it, which crashes the profiler
+(torch.utils.checkpoint's non-reentrant saved-tensor hooks made it likely: a segfault in 3 runs
+of 4). So each optimizer a loop steps gets a thin instance ``step`` (a bound method, as LR
+schedulers expect to find) that reports the end after the class's step has returned; only the
+very first step of an optimizer, before the wrapper exists, ends at its post-hook (a warm-up
+step, when no measurement runs).
+
 Each event goes to the listener registered for the greenlet that is running (the loop's greenlet):
 an optimizer stepped by anything else (a measurement's own code, another cell) is not seen. The
 last listener to leave removes the hooks and restores the wrapped functions, so a process where no
@@ -22,6 +31,8 @@ loop is open has nothing of nbtoolkit's in torch.
 from __future__ import annotations
 
 import threading
+import types
+import weakref
 from typing import Any, Protocol
 
 __all__ = ["BoundaryListener", "active_listeners", "listen", "unlisten"]
@@ -41,6 +52,10 @@ _listeners: dict[Any, BoundaryListener] = {}  # loop greenlet -> its listener
 _installed: dict[str, Any] = {}  # what install() replaced, for uninstall()
 _scaled_now: dict[int, list[Any]] = {}  # id(scaler) -> optimizers its step() handled since update()
 _inside_scaler_step: set[int] = set()  # id(optimizer) while scaler.step(optimizer) runs
+_inside_wrapper: set[int] = set()  # id(optimizer) while its step runs through _wrap_optimizer's method
+_finished_inside: set[int] = set()  # id(optimizer) whose post-hook ran inside the wrapper: report on return
+# id(optimizer) -> (weak reference, what its instance dict held under "step" or None, our method)
+_wrapped: dict[int, tuple[Any, Any, Any]] = {}
 
 
 def _current() -> BoundaryListener | None:
@@ -51,10 +66,60 @@ def _current() -> BoundaryListener | None:
     return _listeners.get(getcurrent())
 
 
+def _wrap_optimizer(optimizer: Any) -> None:
+    """Give ``optimizer`` an instance ``step`` that reports the step's end once the class's step
+    (and its profiler range) has returned (the module docstring says why)."""
+    key = id(optimizer)
+    entry = _wrapped.get(key)
+    if entry is not None and entry[0]() is optimizer:
+        return
+    original = optimizer.step  # the class's step, or what an LR scheduler already put on the instance
+    previous = optimizer.__dict__.get("step")
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nested = key in _inside_wrapper
+        _inside_wrapper.add(key)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if not nested:
+                _inside_wrapper.discard(key)
+                _finished_inside.discard(key)
+            raise
+        if not nested:
+            _inside_wrapper.discard(key)
+            if key in _finished_inside:
+                _finished_inside.discard(key)
+                listener = _current()
+                if listener is not None:
+                    listener.optimizer_finished(self, skipped=False)
+        return result
+
+    method = types.MethodType(step, optimizer)
+    optimizer.step = method
+    _wrapped[key] = (weakref.ref(optimizer), previous, method)
+
+
+def _unwrap_optimizers() -> None:
+    for reference, previous, method in _wrapped.values():
+        optimizer = reference()
+        if optimizer is None or optimizer.__dict__.get("step") is not method:
+            continue  # gone, or wrapped again on top of ours (ours then passes calls through)
+        if previous is None:
+            del optimizer.__dict__["step"]
+        else:
+            optimizer.step = previous
+    _wrapped.clear()
+    _inside_wrapper.clear()
+    _finished_inside.clear()
+
+
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     listener = _current()
     if listener is not None and id(optimizer) not in _inside_scaler_step:
         listener.optimizer_started(optimizer)
+    if listener is not None:
+        _wrap_optimizer(optimizer)
 
 
 def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -62,7 +127,11 @@ def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         _inside_scaler_step.discard(id(optimizer))  # it ran: the scaler's update() ends its step
         return
     listener = _current()
-    if listener is not None:
+    if listener is None:
+        return
+    if id(optimizer) in _inside_wrapper:
+        _finished_inside.add(id(optimizer))  # reported by the wrapper, outside the step's profiler range
+    else:
         listener.optimizer_finished(optimizer, skipped=False)
 
 
@@ -128,6 +197,7 @@ def _uninstall() -> None:
     setattr(torch.amp.GradScaler, "step", _installed.pop("step"))  # noqa: B010
     setattr(torch.amp.GradScaler, "update", _installed.pop("update"))  # noqa: B010
     torch.autograd.backward = _installed.pop("backward")
+    _unwrap_optimizers()
     _scaled_now.clear()
     _inside_scaler_step.clear()
 
