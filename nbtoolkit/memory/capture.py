@@ -135,8 +135,8 @@ def memory_timeline(
     failure = run.failure
     try:
         timeline = build_timeline(
-            tensor_events(run.profiler), target, module_names, model=model, optimizer=optimizer,
-            shards_before=shards_before,
+            tensor_events(run.profiler, tolerant=True), target, module_names, model=model,
+            optimizer=optimizer, shards_before=shards_before,
         )
     except Exception as exc:
         if failure is not None:

@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CATEGORIES", "EVENT_COLUMNS", "PEAK_COLUMNS", "PHASES", "category_columns"]
+__all__ = ["CATEGORIES", "EVENT_COLUMNS", "PEAK_COLUMNS", "PHASES", "TORCH_CATEGORIES", "category_columns"]
 
-#: torch.profiler._memory_profiler.Category names (lower case), FSDP2's unsharded parameters
-#: and gradients (the whole tensors of the block that runs; see nbtoolkit.memory.sharded), and
-#: "unknown" for memory no rule could classify (torch's ``None`` category, grey in its plots).
-CATEGORIES: tuple[str, ...] = (
+#: torch.profiler._memory_profiler.Category names (lower case) in torch's index order (the
+#: category codes of ``export_memory_timeline``'s raw rows), "unknown" last for torch's ``None``.
+TORCH_CATEGORIES: tuple[str, ...] = (
     "parameter",
     "optimizer_state",
     "input",
@@ -25,6 +24,14 @@ CATEGORIES: tuple[str, ...] = (
     "activation",
     "gradient",
     "autograd_detail",
+    "unknown",
+)
+
+#: torch's categories, FSDP2's unsharded parameters and gradients (the whole tensors of the block
+#: that runs; see nbtoolkit.memory.sharded), and "unknown" for memory no rule could classify
+#: (torch's ``None`` category, grey in its plots).
+CATEGORIES: tuple[str, ...] = (
+    *TORCH_CATEGORIES[:-1],
     "unsharded_parameter",
     "unsharded_gradient",
     "unknown",

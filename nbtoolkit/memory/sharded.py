@@ -20,10 +20,10 @@ So, for a model with DTensor parameters, each tensor of the timeline is given on
    siblings of the Python frames in the op tree): memory allocated inside ``FSDP::all_gather*``
    is ``unsharded_parameter`` (the all-gather's output and the block's unsharded parameters
    copied out of it: temporary, one or a few blocks at a time). Memory allocated inside
-   ``FSDP::post_backward_reduce`` that is still alive when the optimizer step starts (or at the
-   end of the run) is the reduce-scatter's output, which FSDP2 hands out as the sharded
-   gradients: ``gradient``; the rest of it (the reduce-scatter's full-size input, the
-   backend's staging copies) is ``unsharded_gradient``;
+   ``FSDP::post_backward_reduce`` that is freed after the optimizer step starts is the
+   reduce-scatter's output, which FSDP2 hands out as the sharded gradients: ``gradient``
+   (one still alive after the run is found by storage, rule 1); the rest of it (the
+   reduce-scatter's full-size input, the backend's staging copies) is ``unsharded_gradient``;
 3. a tensor torch calls a gradient that FSDP2 frees inside its reduce (autograd's gradient
    of an unsharded parameter) is ``unsharded_gradient``.
 
@@ -204,10 +204,11 @@ def _category_of(
     if regions.gathering(created):
         return "unsharded_parameter"
     if regions.reducing(created):
-        # the reduce-scatter's output becomes the sharded gradients, kept for the optimizer
+        # The reduce-scatter's output becomes the sharded gradients, kept for the optimizer: freed
+        # after its step starts (or alive at the end as a gradient: rule 1). A buffer never seen
+        # freed is not taken for one: gloo frees its staging copies on its own threads, unrecorded.
         step = regions.next_optimizer_step(created)
-        end = float(freed["time_us"].iloc[-1]) if not alive_at_end else None
-        if end is None or (step is not None and end > step):
+        if not alive_at_end and step is not None and float(freed["time_us"].iloc[-1]) > step:
             return "gradient"
         return "unsharded_gradient"
     last_free = None if alive_at_end else float(freed["time_us"].iloc[-1])

@@ -46,7 +46,7 @@ from nbtoolkit.core.errors import NbtError, NbtUsageError, SnapshotError
 from nbtoolkit.core.inputs import is_path, wrong_type
 from nbtoolkit.core.paths import user_path
 from nbtoolkit.core.units import parse_bytes
-from nbtoolkit.memory.schema import CATEGORIES
+from nbtoolkit.memory.schema import TORCH_CATEGORIES
 from nbtoolkit.memory.snapshot_columns import SnapshotFilter
 from nbtoolkit.memory.snapshot_pickle import UNPICKLING_ERRORS, RefusingUnpickler, corrupt_pickle
 from nbtoolkit.memory.snapshot_stream import stack_limits
@@ -367,9 +367,9 @@ def _snapshot_filter(
 
 # -- torch.profiler export_memory_timeline raw output ----------------------------------
 
-#: torch.profiler._memory_profiler._CATEGORY_TO_INDEX order (index 7 is torch's None): the
-#: order of nbtoolkit's own CATEGORIES, which follows torch's on purpose.
-_RAW_EXPORT_CATEGORIES = CATEGORIES
+#: torch.profiler._memory_profiler._CATEGORY_TO_INDEX order (index 7 is torch's None); nbtoolkit's
+#: own CATEGORIES follow it and add FSDP2's two before "unknown".
+_RAW_EXPORT_CATEGORIES = TORCH_CATEGORIES
 #: torch.profiler._memory_profiler.Action values.
 _RAW_EXPORT_ACTIONS = {1: "preexisting", 2: "alloc", 3: "recategorize", 4: "free"}
 
