@@ -16,7 +16,10 @@ from nbtoolkit.core.errors import NbtUsageError, PlanError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Candidates", "candidate_blocks", "check_module", "find_repeated_blocks", "resolve_blocks"]
+__all__ = [
+    "Candidates", "candidate_blocks", "check_module", "find_repeated_blocks", "model_and_step",
+    "resolve_blocks",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,25 @@ def check_module(model: Any) -> torch.nn.Module:
             "blocks should be recomputed (e.g. your GPT, not its output or its state_dict)"
         )
     return model
+
+
+def model_and_step(model: Any, step: Any, what: str) -> tuple[Any, Any]:
+    """``(model, step)`` as given, or both from a training loop's step given alone:
+    ``plan_recompute(nbt.train_step(trainer))`` plans for the model the trainer trains."""
+    from nbtoolkit.core.training_loop import LoopSteps
+
+    if step is not None:
+        return model, step
+    if isinstance(model, LoopSteps):
+        if model.model is None:
+            raise NbtUsageError(
+                f"{what}() cannot tell which model {model.__name__} trains: pass it, {what}(model, step)"
+            )
+        return model.model, model
+    raise NbtUsageError(
+        f"{what}(model, step) needs the step too: a zero-argument callable running one training step, "
+        f"or nbt.train_step(trainer) alone ({what}(nbt.train_step(trainer)) takes the trainer's model)"
+    )
 
 
 def resolve_blocks(model: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Module]:

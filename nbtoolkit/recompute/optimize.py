@@ -30,7 +30,7 @@ from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.recompute.amp import autocast_model
 from nbtoolkit.recompute.apply_compile import compile_model
-from nbtoolkit.recompute.blocks import check_module, resolve_blocks
+from nbtoolkit.recompute.blocks import check_module, model_and_step, resolve_blocks
 from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.comparison import Comparison
 from nbtoolkit.recompute.config import OptimizeConfig
@@ -72,7 +72,7 @@ def config_from_arguments(**arguments: Any) -> OptimizeConfig:
 
 def optimize(
     model: Any,
-    step: Any,
+    step: Any = None,
     *,
     compile: bool | str | dict[str, Any] = False,
     recompute: str | Sequence[str] | None = None,
@@ -87,6 +87,8 @@ def optimize(
 
     Args:
         model: the ``torch.nn.Module`` that ``step`` trains.
+            ``nbt.train_step(trainer)`` may come alone in its place: the trainer's model and
+            its step are taken from it.
         step: zero-argument callable running one training step; returns the loss or None.
         compile: False; True (torch.compile defaults); a mode name; or a dict of torch.compile
             options (``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``options``).
@@ -116,6 +118,7 @@ def optimize(
     The environment variables and the order of changes are described in the module docstring.
     Bad input raises NbtUsageError (PlanError when no plan fits) and leaves the model as it was.
     """
+    model, step = model_and_step(model, step, "optimize")
     module = check_module(model)
     check_step(step)
     arguments = {

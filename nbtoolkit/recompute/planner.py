@@ -89,7 +89,7 @@ from nbtoolkit.core.device_memory import model_device, plan_budget
 from nbtoolkit.core.errors import NbtUsageError, PlanError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
-from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_module
+from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_module, model_and_step
 from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.config import RecomputeConfig
 from nbtoolkit.recompute.costs import RecomputeCosts
@@ -114,7 +114,7 @@ _VERIFY_ATTEMPTS = 3
 
 def plan_recompute(
     model: Any,
-    step: Any,
+    step: Any = None,
     budget_bytes: Any = None,
     *,
     step_budget_bytes: Any = None,
@@ -128,6 +128,8 @@ def plan_recompute(
 
     Args:
         model: the ``torch.nn.Module`` the step trains.
+            ``nbt.train_step(trainer)`` may come alone in its place: the trainer's model and
+            its step are taken from it.
         step: zero-argument callable running one training step (forward, backward, optimizer).
         budget_bytes: the device's total peak to stay under, everything allocated at the step's
             peak (parameters, gradients, optimizer state, activations, temporaries): what
@@ -155,6 +157,7 @@ def plan_recompute(
 
     The algorithm is written out in the module docstring.
     """
+    model, step = model_and_step(model, step, "plan_recompute")
     module = check_module(model)
     check_step(step)
     device = model_device(module)

@@ -499,3 +499,14 @@ def test_a_loop_step_with_checkpointing_survives_the_memory_profiler(tmp_path: P
         env={**os.environ, "PYTHONPATH": str(root)},
     )
     assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_train_step_alone_gives_plan_and_optimize_its_model(tmp_path: Path) -> None:
+    from nbtoolkit.recompute.blocks import model_and_step
+
+    trainer = llama_trainer(tmp_path, checkpointing=False)
+    with nbt.train_step(trainer, warmup=1) as step:
+        model, same = model_and_step(step, None, "plan_recompute")
+        assert model is trainer.model and same is step
+    with pytest.raises(nbt.NbtUsageError, match=r"needs the step too"):
+        nbt.plan_recompute(trainer.model)
