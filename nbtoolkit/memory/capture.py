@@ -38,6 +38,7 @@ unchanged (with a note saying where the timeline is). Recording is always turned
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,8 @@ def memory_timeline(
     optimizer: torch.optim.Optimizer | None = None,
     device: str | None = None,
     config: MeasureConfig | None = None,
+    loop: bool = False,
+    after: str = "stop",
 ) -> MemoryTimeline:
     """Run ``fn`` ``steps`` times and return its :class:`~nbtoolkit.memory.timeline.MemoryTimeline`.
 
@@ -81,6 +84,14 @@ def memory_timeline(
             then its ``steps`` are recorded (``steps=`` given as well wins). Without it, one
             call is recorded with no warm-up: a fresh step's allocations, the optimizer state
             it creates included, are what a timeline is usually wanted for.
+        loop: ``fn`` runs a whole training (``lambda: trainer.train()``, a Lightning ``fit``, a
+            plain loop): its setup and warm-up training steps (at least 1, so the recorded step
+            holds the optimizer state the first step created) run unrecorded, then ``steps``
+            training steps are recorded (a step ends at an optimizer step), then the loop is
+            stopped (:mod:`nbtoolkit.core.loop_measure`); ``timeline.loop`` is the
+            :class:`~nbtoolkit.core.training_loop.LoopOutcome`.
+        after: with ``loop``: ``"stop"`` (default) stops the loop through the framework's own
+            mechanism once its steps are recorded; ``"continue"`` lets it run on, unrecorded.
 
     The value ``fn`` returned last is in ``timeline.value``. See the module docstring for
     the method and for what happens when ``fn`` raises (``exc.timeline``).
@@ -92,6 +103,16 @@ def memory_timeline(
     else:
         measure = measure_config(config, steps=steps)
     steps = measure.steps
+    if loop:
+        from nbtoolkit.core.loop_measure import measure_loop
+
+        def record_steps(training: Any) -> MemoryTimeline:
+            recorded = dataclasses.replace(measure, warmup=0)
+            return memory_timeline(training.step, model=model, optimizer=optimizer, device=device, config=recorded)
+
+        return measure_loop(
+            fn, record_steps, api="nbt.memory_timeline", warmup=measure.warmup, after=after, needs=steps
+        )
 
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
