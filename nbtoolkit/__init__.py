@@ -25,6 +25,8 @@ from nbtoolkit.core.errors import (
     CompileLogError,
     DataError,
     DataUnavailableError,
+    LoopEndedError,
+    LoopError,
     MetricsError,
     NbtError,
     NbtUsageError,
@@ -34,6 +36,7 @@ from nbtoolkit.core.errors import (
     SnapshotError,
     StepError,
     TraceError,
+    TrainingStopped,
 )
 
 __version__ = "0.1.0"
@@ -94,6 +97,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "summarize_traces": "nbtoolkit.trace.summarize_folder",
     "temporal_breakdown": "nbtoolkit.trace.api",
     "timeline_widget": "nbtoolkit.trace.timeline_widget",
+    "train_step": "nbtoolkit.core.train_step",
 }
 
 # every exception class (core/errors.py's __all__, imported above), plus the extension's hooks
@@ -138,6 +142,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.compile.report import GraphComparison, GraphReport
     from nbtoolkit.core.datasets import locate_data
     from nbtoolkit.core.measure_config import MeasureConfig
+    from nbtoolkit.core.train_step import train_step
     from nbtoolkit.memory.api import memory_imbalance
     from nbtoolkit.memory.breakdown import memory_by
     from nbtoolkit.memory.capture import memory_timeline

@@ -6,7 +6,9 @@ Messages state the problem (with the offending value or path) and what to do.
 
     NbtError
     ├── NbtUsageError     bad arguments to a public function or magic
-    │   └── StepError     the user's step raised while nbtoolkit measured it
+    │   ├── StepError     the user's step raised while nbtoolkit measured it
+    │   └── LoopError     a training loop run as steps (nbt.train_step) cannot give the steps asked
+    │       └── LoopEndedError   the loop ended before the steps asked; ``.measured`` says how many ran
     ├── TraceError        a profiler trace that cannot be read or analysed
     ├── CompileLogError   a TORCH_TRACE log that cannot be read
     ├── CaptureError      code run under an instrument failed to produce a result
@@ -18,6 +20,9 @@ Messages state the problem (with the offending value or path) and what to do.
     │   └── RemoteCellError   a cell failed on ranks: their tracebacks, dead or interrupted ranks
     └── DataError         a real-data artifact failed its pinned checksum (nbt.locate_data)
         └── DataUnavailableError   not in NBT_DATA, ../shared/fixtures or the cache, and not downloadable
+
+Outside the tree, :class:`TrainingStopped` is a ``BaseException``: nbtoolkit raises it *inside* a
+user's training loop to stop it (so that the loop's own ``except Exception`` does not swallow it).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ __all__ = [
     "CompileLogError",
     "DataError",
     "DataUnavailableError",
+    "LoopEndedError",
+    "LoopError",
     "MetricsError",
     "NbtError",
     "NbtUsageError",
@@ -39,6 +46,7 @@ __all__ = [
     "SnapshotError",
     "StepError",
     "TraceError",
+    "TrainingStopped",
 ]
 
 
@@ -70,6 +78,29 @@ class StepError(NbtUsageError):
         super().__init__(message)
         self.step = step
         self.call = call
+
+
+class LoopError(NbtUsageError):
+    """A training loop run step by step (:class:`~nbtoolkit.core.training_loop.LoopSteps`,
+    ``nbt.train_step``) cannot give a step: it never steps an optimizer, takes longer than the step
+    time limit, or is called from another thread."""
+
+
+class LoopEndedError(LoopError):
+    """The training loop returned before giving the steps asked; ``measured`` steps were measured."""
+
+    def __init__(self, message: str, *, measured: int = 0) -> None:
+        super().__init__(message)
+        self.measured = measured
+
+
+class TrainingStopped(BaseException):
+    """Raised by nbtoolkit inside a training loop to stop it after the measured steps.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``), so that a loop's ``except Exception`` does not
+    swallow it; nbtoolkit catches it where the loop was started. A loop that must clean up on
+    being stopped can catch it (``except nbt.TrainingStopped``) and re-raise.
+    """
 
 
 class TraceError(NbtError):
