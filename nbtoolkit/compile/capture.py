@@ -192,8 +192,8 @@ def _capture_loop(loop: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, s
                   measure: MeasureConfig, eager_baseline: bool | None, measure_cost: bool, raise_errors: bool,
                   label: str | None, after: str) -> GraphReport:
     """capture_graphs(loop=True): the loop's setup and first step are the compiling call."""
-    from nbtoolkit.core.loop_measure import measure_loop
-    from nbtoolkit.core.training_loop import LoopEndedError, LoopStalledError
+    from nbtoolkit.core.errors import LoopError
+    from nbtoolkit.core.loop_measure import begin, measure_loop
 
     if args or kwargs:
         raise NbtUsageError(
@@ -201,14 +201,15 @@ def _capture_loop(loop: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, s
             "lambda: trainer.train(...) (or functools.partial) instead of arguments to capture_graphs"
         )
     eager = bool(eager_baseline)  # None: no eager steps for a loop (see the docstring)
-    name = label or "training loop"
-
-    def capture_steps(training: Any) -> GraphReport:
-        return _capture(training.step, training.start, name=name, measure=measure, steps=steps,
-                        eager_baseline=eager, measure_cost=measure_cost, raise_errors=raise_errors,
-                        passthrough=(LoopEndedError, LoopStalledError))
+    name = label or "the training loop"
 
     needs = (1 + 2 * steps if eager else steps) + (1 + steps if measure_cost and steps else 0)
+
+    def capture_steps(training: Any) -> GraphReport:
+        return _capture(training, lambda: begin(training, needs), name=name, measure=measure, steps=steps,
+                        eager_baseline=eager, measure_cost=measure_cost, raise_errors=raise_errors,
+                        passthrough=(LoopError,))
+
     report = measure_loop(loop, capture_steps, api="nbt.capture_graphs", warmup=1, after=after, needs=needs,
                           start=False)
     if not eager and steps:
@@ -242,7 +243,8 @@ def _capture(call: Callable[[], Any], first_call: Callable[[], Any], *, name: st
 
     with _structured_trace_handler() as collector:
         try:
-            timing.first_call_s, timing.first_call_compiles = _timed_call(first_call, measure, name, collector)
+            first = _timed_call(first_call, measure, name, collector)
+            timing.first_call_s, timing.first_call_compiles = first
             if steps:
                 _interleaved_steps(
                     call, measure, steps, name=name, collector=collector, timing=timing, eager=eager_baseline

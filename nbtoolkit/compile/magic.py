@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_is_loop
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
@@ -13,10 +13,10 @@ def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.compile.capture import capture_graphs
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
 
-    loop = cell_is_loop(args, call)
+    code, loop = cell_code(args, call)
     with DelayedProgress("compiling the cell and timing its graphs", delay_s=CELL_DELAY_S):
         return capture_graphs(
-            call.cell_function(),  # also puts the cell's lines in linecache: breaks show their source
+            code,  # cell_function() also put the cell's lines in linecache: breaks show their source
             steps=args.steps,
             eager_baseline=False if args.no_eager else None,  # None: the API's default (none for a loop)
             measure_cost=not args.no_cost,

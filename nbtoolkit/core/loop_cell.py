@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.core.loop_measure import AFTER_CHOICES
 from nbtoolkit.core.magic_registry import Argument, MagicCall
 
-__all__ = ["LOOP_ARGUMENTS", "cell_is_loop", "loop_reason"]
+__all__ = ["LOOP_ARGUMENTS", "cell_code", "cell_is_loop", "loop_reason"]
 
 LOOP_ARGUMENTS = (
     Argument(
@@ -47,6 +48,15 @@ LOOP_ARGUMENTS = (
         "to its end, unmeasured (continue)",
     ),
 )
+
+
+def cell_code(args: argparse.Namespace, call: MagicCall) -> tuple[Callable[[], Any], bool]:
+    """The cell as a function, and whether it is a training loop (:func:`cell_is_loop`)."""
+    loop = cell_is_loop(args, call)
+    code = call.cell_function()
+    if loop:  # not a name to show: the loop's notes and errors call it "the training loop"
+        code.__name__ = "<cell>"
+    return code, loop
 
 
 def cell_is_loop(args: argparse.Namespace, call: MagicCall) -> bool:
@@ -73,7 +83,9 @@ def loop_reason(source: str, user_ns: dict[str, Any], *, transform: Any = None) 
                 return f"the cell calls {ast.unparse(receiver)}.{_method(node)}()"
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             for inner in (n for statement in node.body for n in ast.walk(statement)):
-                if isinstance(inner, ast.Call) and _method(inner) == "step" and _steps_optimizer(inner, user_ns):
+                if not isinstance(inner, ast.Call) or _method(inner) != "step":
+                    continue
+                if _steps_optimizer(inner, user_ns):
                     kind = "while" if isinstance(node, ast.While) else "for"
                     return f"the cell runs {ast.unparse(inner.func)}() inside a {kind} loop"
     return None

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 from nbtoolkit.core.errors import NbtUsageError
 
-__all__ = ["AFTER_CHOICES", "LoopResult", "check_after", "measure_loop"]
+__all__ = ["AFTER_CHOICES", "LoopResult", "begin", "check_after", "measure_loop"]
 
 #: what happens to the loop once its steps are measured: stopped, or run on to its end unmeasured
 AFTER_CHOICES = ("stop", "continue")
@@ -77,15 +77,17 @@ def measure_loop(
         needs: training steps ``measure`` calls after the warm-up, for the error of a loop that
             ends before them.
         start: run the loop's setup and warm-up before ``measure`` (False: ``measure`` calls
-            ``steps.start()`` where it wants them, e.g. capture_graphs' compiling first call).
+            :func:`begin` where it wants them, e.g. capture_graphs' compiling first call).
 
     Raises:
         NbtUsageError: ``loop`` is not callable, or ``after`` is not one of the choices.
         LoopEndedError: the loop ended before the steps asked (how many were measured, and what
-            to change); the loop's own errors, and a loop that steps no optimizer within the time
-            limit, as :class:`~nbtoolkit.core.training_loop.LoopSteps` raises them.
+            to change).
+        LoopError: the loop stepped no optimizer within the step time limit
+            (``NBTOOLKIT_LOOP_STEP_LIMIT``); StepError: the loop raised (as LoopSteps raises them).
     """
-    from nbtoolkit.core.training_loop import LoopEndedError, LoopSteps
+    from nbtoolkit.core.errors import LoopEndedError
+    from nbtoolkit.core.training_loop import LoopSteps
 
     after = check_after(after)
     if not callable(loop):
@@ -94,20 +96,30 @@ def measure_loop(
             f"lambda: trainer.train(), got {type(loop).__name__}"
         )
     warm = max(1, warmup)
-    with LoopSteps(loop, warmup=warm, after=after, name=api) as steps:
+    # a lambda or a magic's cell has no name worth showing; LoopSteps names the others
+    # ("trainer.train()")
+    anonymous = not str(getattr(loop, "__name__", "")).isidentifier()
+    name = "the training loop" if anonymous else None
+    with LoopSteps(loop, warmup=warm, after=after, name=name) as steps:
         try:
             if start:
-                steps.start()
+                begin(steps, needs)
             result = measure(steps)
         except LoopEndedError as exc:
-            done = steps.steps_done
             raise LoopEndedError(
-                f"{api}(loop=True) needs {warm} warm-up and {needs} measured training steps, but the "
-                f"training loop ended after {done} (measured: {max(0, done - warm)}): give the loop "
-                "more steps (e.g. max_steps) or ask for fewer (steps=)",
-                measured=max(0, done - warm),
+                f"{api}(loop=True) needs {warm} warm-up and {needs} more training steps, but "
+                f"{steps.__name__} ended after {exc.measured} of them: give the loop more steps (the "
+                "trainer's max_steps / max_epochs, or more data) or ask for fewer (steps=)",
+                measured=exc.measured,
             ) from exc
         outcome = steps.finish()
     result.loop = outcome
     result.notes.append(outcome.note())
     return result
+
+
+def begin(steps: Any, needs: int) -> None:
+    """The loop's setup and warm-up steps, then a check that ``needs`` more steps are there: a
+    trainer that knows its steps left fails now, before any step is measured."""
+    steps.start()
+    steps.reserve(needs)

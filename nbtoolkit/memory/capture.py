@@ -108,7 +108,7 @@ def memory_timeline(
 
         def record_steps(training: Any) -> MemoryTimeline:
             recorded = dataclasses.replace(measure, warmup=0)
-            return memory_timeline(training.step, model=model, optimizer=optimizer, device=device, config=recorded)
+            return memory_timeline(training, model=model, optimizer=optimizer, device=device, config=recorded)
 
         return measure_loop(
             fn, record_steps, api="nbt.memory_timeline", warmup=measure.warmup, after=after, needs=steps

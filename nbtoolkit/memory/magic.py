@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_is_loop
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
 
@@ -34,11 +34,11 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.memory.capture import memory_timeline
 
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
-    loop = cell_is_loop(args, call)
+    code, loop = cell_code(args, call)
     runs = "training steps" if loop else "runs"
     with DelayedProgress(f"recording the cell's memory ({runs}: {args.steps or 1})", delay_s=CELL_DELAY_S):
         timeline = memory_timeline(
-            call.cell_function(), args.steps, model=model, optimizer=optimizer, loop=loop, after=args.after
+            code, args.steps, model=model, optimizer=optimizer, loop=loop, after=args.after
         )
     _show_memory_timeline(args, call, timeline)
     return timeline

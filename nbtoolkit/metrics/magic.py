@@ -1,11 +1,11 @@
-"""``%nbt metrics STEP`` / ``%%nbt metrics``: model FLOPs, step time, MFU and HFU of a training-step function."""
+"""``%nbt metrics STEP`` / ``%%nbt metrics``: model FLOPs, step time, MFU and HFU of a training step."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_is_loop
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
@@ -18,7 +18,10 @@ def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
             "give the step one way: `%nbt metrics STEP` (a variable holding a step function) or "
             "`%%nbt metrics` with the step's code as the cell, not both or neither"
         )
-    step = call.lookup(args.step, "step function") if call.cell is None else call.cell_function()
+    if call.cell is None:
+        step, loop = call.lookup(args.step, "step function"), bool(args.loop)
+    else:
+        step, loop = cell_code(args, call)
     return step_metrics(
         step,
         model=call.lookup(args.model, "model"),
@@ -28,7 +31,7 @@ def _metrics(args: argparse.Namespace, call: MagicCall) -> Any:
         samples_per_step=args.samples,
         dtype=args.dtype,
         peak_flops=args.peak_flops,
-        loop=cell_is_loop(args, call),
+        loop=loop,
         after=args.after,
     )
 

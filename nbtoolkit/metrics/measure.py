@@ -142,7 +142,7 @@ def step_metrics(
         from nbtoolkit.core.loop_measure import measure_loop
 
         def measure_steps(training: Any) -> StepMetrics:
-            return _measure(training.step, dataclasses.replace(measure, warmup=0), options, retries=0,
+            return _measure(training, dataclasses.replace(measure, warmup=0), options, retries=0,
                             warmup_shown=max(1, measure.warmup))
 
         return measure_loop(step, measure_steps, api="nbt.step_metrics", warmup=measure.warmup, after=after,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_is_loop
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
 
@@ -14,12 +14,12 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
     from nbtoolkit.trace.profile import profile
 
-    loop = cell_is_loop(args, call)
+    code, loop = cell_code(args, call)
     runs = "training steps" if loop else "runs"
     label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded {runs})"
     with DelayedProgress(label, delay_s=CELL_DELAY_S):
         return profile(
-            call.cell_function(),
+            code,
             steps=args.steps,
             warmup=args.warmup,
             profile_memory=args.memory,

@@ -88,7 +88,7 @@ def profile(
 
         def profile_steps(training: Any) -> Trace:
             return profile(
-                training.step,
+                training,
                 config=dataclasses.replace(measure, warmup=0),
                 record_shapes=record_shapes,
                 profile_memory=profile_memory,
@@ -100,7 +100,9 @@ def profile(
 
         # the loop's own steps: one more with metrics (its FLOP-counted step)
         needs = measure.steps + int(metrics)
-        return measure_loop(fn, profile_steps, api="nbt.profile", warmup=measure.warmup, after=after, needs=needs)
+        return measure_loop(
+            fn, profile_steps, api="nbt.profile", warmup=measure.warmup, after=after, needs=needs
+        )
 
     keep = trace_path is not None
     where = (

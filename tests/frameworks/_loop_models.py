@@ -20,7 +20,8 @@ def _import_or_skip(module: str, install: str) -> Any:
     try:
         return __import__(module, fromlist=["_"])
     except Exception as exc:  # not installed, or installed but unusable
-        pytest.skip(f"{module} cannot be imported ({type(exc).__name__}: {str(exc)[:120]}): pip install {install}")
+        reason = f"{type(exc).__name__}: {str(exc)[:120]}"
+        pytest.skip(f"{module} cannot be imported ({reason}): pip install {install}")
 
 
 def tiny_llama() -> Any:
