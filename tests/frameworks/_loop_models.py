@@ -93,10 +93,13 @@ class PlainLoop:
         self.max_steps = max_steps
         self.steps_taken = 0
 
+    @staticmethod
+    def loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+        return torch.utils.data.DataLoader(TokenSamples(), batch_size=4)
+
     def __call__(self) -> str:
-        loader = torch.utils.data.DataLoader(TokenSamples(), batch_size=4)
         while True:
-            for batch in loader:
+            for batch in self.loader():
                 if self.steps_taken >= self.max_steps:
                     return "trained"
                 self.model(**batch).loss.backward()
