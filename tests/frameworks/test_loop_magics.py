@@ -17,7 +17,9 @@ from nbtoolkit.core.loop_cell import loop_reason
 from ._loop_models import PlainLoop, hf_trainer, lightning_parts
 
 MAX_STEPS = 10
-DETECTED = "measured as a training loop (the cell calls trainer.train()); --no-loop measures the cell as one step"
+DETECTED = (
+    "measured as a training loop (the cell calls trainer.train()); --no-loop measures the cell as one step"
+)
 
 
 def test_profile_cell_that_calls_trainer_train_profiles_its_steps_and_stops_it(
