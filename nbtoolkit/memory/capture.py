@@ -88,7 +88,8 @@ def memory_timeline(
             plain loop): its setup and warm-up training steps (at least 1, so the recorded step
             holds the optimizer state the first step created) run unrecorded, then ``steps``
             training steps are recorded (a step ends at an optimizer step), then the loop is
-            stopped (:mod:`nbtoolkit.core.loop_measure`); ``timeline.loop`` is the
+            stopped (:mod:`nbtoolkit.core.loop_measure`). Without ``model``/``device``, the device is
+            that of the parameters the loop's optimizer steps. ``timeline.loop`` is the
             :class:`~nbtoolkit.core.training_loop.LoopOutcome`.
         after: with ``loop``: ``"stop"`` (default) stops the loop through the framework's own
             mechanism once its steps are recorded; ``"continue"`` lets it run on, unrecorded.
@@ -108,7 +109,11 @@ def memory_timeline(
 
         def record_steps(training: Any) -> MemoryTimeline:
             recorded = dataclasses.replace(measure, warmup=0)
-            return memory_timeline(training, model=model, optimizer=optimizer, device=device, config=recorded)
+            # without model= or device=, the device the loop's optimizer steps parameters on (CUDA
+            # for a trainer on a GPU), known once its warm-up step ran
+            known = device is not None or model is not None
+            where = device if known else _optimizer_device(training.optimizer)
+            return memory_timeline(training, model=model, optimizer=optimizer, device=where, config=recorded)
 
         return measure_loop(
             fn, record_steps, api="nbt.memory_timeline", warmup=measure.warmup, after=after, needs=steps
@@ -184,3 +189,11 @@ def _model_device(model: Any) -> torch.device:
         for parameter in model.parameters():
             return torch.device(parameter.device)
     return torch.device("cpu")
+
+
+def _optimizer_device(optimizer: Any) -> str | None:
+    """The device of an optimizer's first parameter, None when it has none."""
+    for group in getattr(optimizer, "param_groups", None) or []:
+        for parameter in group.get("params", []):
+            return str(parameter.device)
+    return None
