@@ -46,9 +46,9 @@ _inside_scaler_step: set[int] = set()  # id(optimizer) while scaler.step(optimiz
 def _current() -> BoundaryListener | None:
     if not _listeners:
         return None
-    import greenlet
+    from greenlet import getcurrent  # imported once listening began: a dictionary look-up here
 
-    return _listeners.get(greenlet.getcurrent())
+    return _listeners.get(getcurrent())
 
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:

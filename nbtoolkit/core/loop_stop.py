@@ -93,6 +93,24 @@ class Framework:
         return max(max_steps - done - 1, 0)
 
 
+    def no_steps_advice(self) -> str:
+        """What to do about a loop that ended without stepping an optimizer."""
+        if self.kind == LIGHTNING_TRAINER:
+            done = getattr(self.trainer, "global_step", "?")
+            most = getattr(self.trainer, "max_steps", "?")
+            return (
+                f"The Lightning Trainer is at global_step {done} of max_steps {most}: its next fit() "
+                "continues that count, so once reached it has no steps left. Raise "
+                "trainer.fit_loop.max_steps (or max_epochs), or make a new Trainer"
+            )
+        if self.kind == HF_TRAINER:
+            return (
+                "The HF Trainer's train() stepped no optimizer: raise args.max_steps / num_train_epochs, "
+                "or give it a training dataset with rows"
+            )
+        return "Check that the loop calls optimizer.step() (a step ends at an optimizer step)"
+
+
 def _class_names(obj: Any) -> list[tuple[str, str]]:
     return [(cls.__module__, cls.__name__) for cls in type(obj).__mro__]
 

@@ -51,18 +51,24 @@ class Watchdog:
         with self._cond:
             if self._closed:
                 return
-            self._deadline, self._target, self._fired = time.monotonic() + seconds, thread_id, False
+            deadline = time.monotonic() + seconds
+            # Wake the watching thread only when it must wait less than it does: a later deadline
+            # it finds when its wait ends (arming at every optimizer step must not cost a thread
+            # switch each time).
+            wake = self._deadline is None or deadline < self._deadline
+            self._deadline, self._target, self._fired = deadline, thread_id, False
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watch, name="nbtoolkit-loop-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
 
     def disarm(self, thread_id: int | None) -> None:
         """Stop watching; an exception fired and not yet delivered is withdrawn."""
         with self._cond:
-            self._deadline = None
+            self._deadline = None  # the watching thread finds it so when its wait ends: no wake-up
             if self._fired and thread_id is not None:
                 _raise_in(thread_id, None)
             self._fired = False

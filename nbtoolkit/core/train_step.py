@@ -104,6 +104,13 @@ def train_step(
         model = getattr(trainer, "model", None)
     else:
         raise LoopError(f"train_step cannot run a {type(trainer).__name__}: it takes {KNOWN}")
-    step = LoopSteps(loop, warmup=warmup, restart=True, step_time_limit_s=step_time_limit_s, name=name)
+    step = LoopSteps(
+        loop,
+        warmup=warmup,
+        restart=True,
+        step_time_limit_s=step_time_limit_s,
+        name=name,
+        trainer=trainer if kind is not None else None,
+    )
     step.model = model
     return step

@@ -4,9 +4,10 @@ Every measuring API takes a ``step`` it can call. People train through loops the
 (``trainer.train()``, ``trainer.fit(...)``, an accelerate loop): :class:`LoopSteps` turns such a
 loop into steps, where a step is what happens between two optimizer steps.
 
-How: the loop runs in a **greenlet** (a second stack on the same OS thread). Process-wide optimizer
-hooks (:mod:`nbtoolkit.core.loop_boundaries`, installed only while a LoopSteps is open) switch back
-to the caller when the loop's optimizer step ends; ``step()`` switches into the loop, which runs
+How: the loop runs in a **greenlet** (a second stack on the same OS thread;
+:mod:`nbtoolkit.core.loop_runner`). Process-wide optimizer hooks
+(:mod:`nbtoolkit.core.loop_boundaries`, installed only while a LoopSteps is open) switch back to
+the caller when the loop's optimizer step ends; ``step()`` switches into the loop, which runs
 until the end of its next optimizer step. Because it is the same thread, all of torch's
 thread-local state the caller sets up (the dispatch modes a memory capture pushes, the profiler,
 dynamo's frame hook, grad mode) applies to the loop's work, which a second thread would not give.
@@ -14,12 +15,14 @@ dynamo's frame hook, grad mode) applies to the loop's work, which a second threa
 A step ends after the optimizer that closes the loop's optimizer cycle: with one optimizer, its
 step; with several (a GAN), the lead optimizer is the first one seen and the closing one is the one
 that stepped just before the lead steps again. A framework that fixes one optimizer (HF Trainer,
-Lightning automatic optimization) is not learned; in a plain loop the first step assumes one
-optimizer, and a second one seen before the lead steps again extends the cycle (the step in
-progress then runs to the end of the next whole cycle; a measured step affected is counted in
-``LoopOutcome.irregular_steps``: give such loops ``warmup >= 2``). With an AMP GradScaler, a scaled
-optimizer's step ends at ``scaler.update()``, so a step whose ``opt.step()`` the scaler skipped
-(inf/NaN gradients) still ends there and is counted in ``skipped_steps``.
+Lightning automatic optimization) is not learned. Otherwise the first step assumes one optimizer,
+and a second one seen before the lead steps again extends the cycle (the step in progress then
+runs to the end of the next whole cycle). So that no measured step is the one that learns it, a
+loop that can reach other optimizers at its first optimizer step (its frames' variables, the
+globals its code names, its Lightning trainer's ``optimizers``) warms up one step more; a measured
+step that still learned the cycle (``warmup=0``) is counted in ``LoopOutcome.irregular_steps``.
+With an AMP GradScaler, a scaled optimizer's step ends at ``scaler.update()``, so a step whose
+``opt.step()`` the scaler skipped (inf/NaN gradients) still ends there and is counted in ``skipped_steps``.
 
 A step that takes longer than ``step_time_limit_s`` (a loop that never steps an optimizer) is
 interrupted by a watchdog thread (:mod:`nbtoolkit.core.loop_watchdog`).
@@ -33,7 +36,6 @@ to its own end, unmeasured.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 import statistics
 import threading
@@ -42,16 +44,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbtoolkit.core import loop_boundaries
 from nbtoolkit.core.errors import LoopEndedError, LoopError, NbtError, StepError, TrainingStopped
-from nbtoolkit.core.loop_stop import PLAIN_LOOP, Framework, find_framework
-from nbtoolkit.core.loop_watchdog import StepTimeLimit, Watchdog
+from nbtoolkit.core.loop_runner import LoopRun, close_abandoned
+from nbtoolkit.core.loop_stop import PLAIN_LOOP, Framework, framework_of
 
 __all__ = ["LoopOutcome", "LoopSteps", "default_step_time_limit"]
 
 DEFAULT_STEP_LIMIT_S = 120.0
-FIRST_STEP_ALLOWANCE = 3.0  # the first step also runs the loop's setup (data loaders, compilation)
-STOP_GRACE_STEPS = 3  # optimizer steps a framework may take after its stop flag before we raise
 
 
 def default_step_time_limit() -> float:
@@ -138,156 +137,11 @@ class LoopOutcome:
 def _label_of(loop: Callable[[], Any]) -> str:
     owner = getattr(loop, "__self__", None)
     name = getattr(loop, "__name__", None) or type(loop).__name__
+    if name == "<lambda>":
+        return "the training loop"
     if owner is not None:
         return f"{type(owner).__name__.lower()}.{name}()"
     return f"{name}()"
-
-
-class _Run:
-    """The state of one LoopSteps: its greenlet, the optimizer cycle and the counts.
-
-    Kept apart from :class:`LoopSteps` so that the finaliser that closes an abandoned loop holds
-    this object, not the LoopSteps it closes.
-    """
-
-    def __init__(self, loop: Callable[[], Any], label: str, limit_s: float) -> None:
-        self.loop = loop
-        self.label = label
-        self.limit_s = limit_s
-        self.glet: Any = None
-        self.thread: int | None = None
-        self.caller: Any = None
-        self.mode = "pause"  # "pause" at each step's end | "stop" (finishing) | "run" (to the end)
-        self.framework: Framework | None = None
-        self.lead: Any = None  # the first optimizer seen
-        self.closing: Any = None  # the optimizer whose end ends a step (None: being learned)
-        self.cycle_known = False
-        self.seen: list[Any] = []  # optimizers, in order of first step
-        self.last_finished: Any = None
-        self.cycle_grew = False  # the cycle changed during the step in progress
-        self.backwards = 0  # backward passes in the step in progress
-        self.skipped_now = False
-        self.grace = 0  # optimizer steps taken since a stop flag was set
-        self.scaler = False
-        self.watchdog = Watchdog()
-        self.first_step = True
-
-    # ---- events from loop_boundaries (in the loop greenlet) ----
-    def optimizer_started(self, optimizer: Any) -> None:
-        if self.framework is None:
-            self.framework = find_framework()
-            if self.framework.known_optimizers() == 1:
-                self.cycle_known = True
-        if self.lead is None:
-            self.lead = self.closing = optimizer
-        if all(optimizer is not known for known in self.seen):
-            self.seen.append(optimizer)
-        if optimizer is self.lead:
-            if not self.cycle_known and self.last_finished is not None:
-                # the lead steps again: the optimizer that finished just before it closes the cycle
-                self.closing, self.cycle_known = self.last_finished, True
-        elif not self.cycle_known and self.closing is self.lead:
-            self.closing = None  # another optimizer in the cycle: its end is learned at the lead's
-            self.cycle_grew = True
-
-    def backward_started(self) -> None:
-        self.backwards += 1
-
-    def scaler_used(self) -> None:
-        self.scaler = True
-
-    def optimizer_finished(self, optimizer: Any, *, skipped: bool) -> None:
-        self.last_finished = optimizer
-        self.skipped_now = self.skipped_now or skipped
-        if optimizer is not self.closing:
-            return
-        if self.mode == "run":
-            return
-        if self.mode == "stop":
-            self.grace += 1
-            if self.grace > STOP_GRACE_STEPS:
-                raise TrainingStopped  # the framework did not honour its flag: stop it by raising
-            return
-        self.watchdog.disarm(self.thread)
-        self.caller.switch(("step", None))
-        # resumed by the next step()
-        self.watchdog.arm(self.thread, self.limit_s)
-
-    # ---- the greenlet ----
-    def body(self) -> tuple[str, Any]:
-        try:
-            return ("returned", self.loop())
-        except TrainingStopped:
-            return ("stopped", None)
-        except StepTimeLimit:
-            return ("time limit", None)
-        except BaseException as exc:
-            return ("raised", exc)
-        finally:
-            self.watchdog.disarm(self.thread)
-
-    def launch(self) -> None:
-        import greenlet
-
-        self.glet = greenlet.greenlet(self.body)
-        # the loop sees the caller's context variables (a new greenlet would start with none)
-        self.glet.gr_context = contextvars.copy_context()
-        self.mode, self.framework, self.first_step = "pause", None, True
-        loop_boundaries.listen(self.glet, self)
-
-    def resume(self, *, throw: type[BaseException] | None = None) -> tuple[str, Any]:
-        """Switch into the loop until its next step ends or it ends; the message it sends back."""
-        import greenlet
-
-        if threading.get_ident() != self.thread:
-            raise LoopError(
-                f"{self.label} runs on another thread than the one stepping it now: call its steps from "
-                "the thread (the notebook cell) that started it"
-            )
-        current = greenlet.getcurrent()
-        if current is self.glet:
-            raise LoopError(f"{self.label} asked for its own next step from inside the loop: call it outside")
-        self.caller = current
-        self.glet.parent = current  # when the loop ends, its result comes back to whoever resumed it
-        limit = self.limit_s * (FIRST_STEP_ALLOWANCE if self.first_step else 1.0)
-        self.first_step = False
-        self.backwards, self.skipped_now, self.cycle_grew = 0, False, False
-        self.watchdog.arm(self.thread, limit)
-        try:
-            message = self.glet.throw(throw) if throw is not None else self.glet.switch()
-        except StepTimeLimit:  # delivered just as the loop handed control back
-            message = ("time limit", None)
-        except BaseException:
-            self.watchdog.disarm(self.thread)
-            raise
-        try:
-            self.watchdog.disarm(self.thread)
-        except StepTimeLimit:  # delivered inside disarm itself: this step did pass the limit
-            self.watchdog.disarm(self.thread)
-            message = ("time limit", None) if message[0] == "step" else message
-        if self.glet.dead:
-            loop_boundaries.unlisten(self.glet)
-        return message
-
-    def end(self, *, throw: bool = True) -> None:
-        """Make sure the greenlet is over and the hooks are gone (raising TrainingStopped into it)."""
-        started = self.glet is not None and bool(self.glet) and not self.glet.dead
-        if started and throw and threading.get_ident() == self.thread:
-            with contextlib.suppress(LoopError, NbtError):
-                self.resume(throw=TrainingStopped)
-        if self.glet is not None:
-            loop_boundaries.unlisten(self.glet)
-        self.watchdog.close()
-
-
-def _close_abandoned(run: _Run) -> None:
-    """The finaliser of a LoopSteps nobody closed: stop its loop if this thread can, drop the hooks."""
-    import greenlet
-
-    if run.glet is not None and greenlet.getcurrent() is not run.glet:
-        run.end(throw=True)
-    elif run.glet is not None:
-        loop_boundaries.unlisten(run.glet)
 
 
 class LoopSteps:
@@ -301,13 +155,25 @@ class LoopSteps:
         after: what :meth:`finish` does: ``"stop"`` the loop cleanly through its framework, or
             ``"continue"`` it to its own end, unmeasured.
         restart: when the loop ends, start it again (a fresh ``trainer.train()``) for the next step;
-            its first ``warmup`` steps are warm-up again.
+            its first ``max(warmup, 1)`` steps are warm-up again (call :meth:`reserve` before
+            measuring so that no measured step pays for a restart).
         step_time_limit_s: the longest a step may take before it is interrupted (default
             ``NBTOOLKIT_LOOP_STEP_LIMIT`` or 120 s; the first, which runs the loop's setup, gets three
             times as long).
         name: how messages name the loop (default from the callable: ``"trainer.train()"``).
+        trainer: the HF / Lightning trainer that runs the loop, when the caller knows it
+            (``nbt.train_step`` passes it); otherwise it is found in the loop's frames at its first
+            optimizer step.
 
-    Use as a context manager, or call :meth:`close` (closed on garbage collection too)::
+    Attributes:
+        steps_done: ``step()`` calls completed after the warm-up.
+        outcome: the :class:`LoopOutcome`, once finished (None before).
+        model: the model the loop trains when known (``nbt.train_step`` sets it), else None.
+        optimizer / framework / trainer: the lead optimizer, the framework's name and its trainer,
+            known once the loop stepped an optimizer.
+
+    Measuring code that calls ``step()`` N times in a row calls :meth:`reserve` (N) first, outside
+    its timers. Use as a context manager, or call :meth:`close` (closed on garbage collection too)::
 
         with LoopSteps(trainer.train, warmup=2) as step:
             nbt.profile(step, steps=3)
@@ -323,6 +189,7 @@ class LoopSteps:
         restart: bool = False,
         step_time_limit_s: float | None = None,
         name: str | None = None,
+        trainer: Any = None,
     ) -> None:
         if not callable(loop):
             raise LoopError(
@@ -344,12 +211,15 @@ class LoopSteps:
         self.steps_done = 0
         self.outcome: LoopOutcome | None = None
         self.model: Any = None  # the model the loop trains when known (nbt.train_step sets it)
-        self._run = _Run(loop, label, limit)
+        self._run = LoopRun(loop, label, limit)
+        kind = framework_of(trainer) if trainer is not None else None
+        self._run.known = Framework(kind, trainer) if kind is not None else None
         self._record = LoopOutcome(label=label)
         self._started = False
         self._closed = False
         self._asked: int | None = None
-        self._finalizer = weakref.finalize(self, _close_abandoned, self._run)
+        self._finalizer = weakref.finalize(self, close_abandoned, self._run)
+        self._finalizer.atexit = False  # at interpreter exit a paused loop is left, not resumed
 
     # ---- public ----
     @property
@@ -414,9 +284,9 @@ class LoopSteps:
         left = found.steps_left() if found is not None and not self._run.glet.dead else None
         if left is None or left >= steps:
             return
+        self._stop_loop()  # through the trainer's own flag, as finish() does
         if not self.restart:
-            self._fail_ended(f"the trainer has {left} step(s) left of the {steps} asked")
-        self._stop_loop()
+            self._fail_ended(f"the trainer has only {left} step(s) left")
         self._restart_or_fail()
 
     def finish(self) -> LoopOutcome:
@@ -469,6 +339,12 @@ class LoopSteps:
 
     def _warm_up(self) -> None:
         for _ in range(self.warmup):
+            self._advance(measured=False)
+            self._record.warmup_steps += 1
+        run = self._run
+        if self.warmup and not run.cycle_known and run.others_in_reach:
+            # The loop holds other optimizers: one more unmeasured step sees whether they step in
+            # its cycle (the lead steps again at its end), so that no measured step learns it.
             self._advance(measured=False)
             self._record.warmup_steps += 1
 
@@ -531,8 +407,7 @@ class LoopSteps:
         if kind != "step":
             self._settle(kind, value, ended_by="ran to its end")
             self._fail_ended(
-                f"{self.__name__} was started again and gave no step: the trainer has no steps left "
-                "(raise max_steps / max_epochs, or give it more data)",
+                f"{self.__name__} was started again and gave no step: the trainer has no steps left",
                 plain=False,
             )
         self._record.warmup_steps += 1
@@ -555,11 +430,12 @@ class LoopSteps:
     def _fail_ended(self, what: str, *, plain: bool = True) -> None:
         self._close_record()
         asked = f" of the {self._asked} asked" if self._asked is not None else ""
+        found = self._run.framework or Framework(PLAIN_LOOP)
         advice = (
             " Give the loop more steps (the trainer's max_steps / max_epochs, or more data), or ask fewer "
             "steps or warm-up steps"
             if plain
-            else " Check that the loop calls optimizer.step()"
+            else " " + found.no_steps_advice()
         )
         raise LoopEndedError(
             f"{what} after {self._record.warmup_steps} warm-up and {self.steps_done} measured step(s)"
@@ -572,7 +448,7 @@ class LoopSteps:
             run = self._run
             record = self._record
             record.framework = self.framework
-            record.optimizers = len(run.seen)
+            record.optimizers = max(run.most_optimizers, len(run.seen))
             record.grad_scaler = run.scaler
             if record.stopped_by == "still running" and (run.glet is None or run.glet.dead):
                 record.stopped_by = "ran to its end"
