@@ -124,11 +124,13 @@ def capture_graphs(
     /,
     *args: Any,
     steps: int | None = None,
-    eager_baseline: bool = True,
+    eager_baseline: bool | None = None,
     measure_cost: bool = True,
     raise_errors: bool = False,
     label: str | None = None,
     config: MeasureConfig | None = None,
+    loop: bool = False,
+    after: str = "stop",
     **kwargs: Any,
 ) -> GraphReport:
     """Run ``fn(*args, **kwargs)`` and report every graph, graph break, recompile and compile failure.
@@ -145,8 +147,19 @@ def capture_graphs(
     compiling call is the warm-up, so its ``warmup`` is not used.
     An exception from ``fn`` is recorded in ``report.error`` (``raise_errors=True``: raised, as
     a StepError for the timed calls). The keyword arguments ``steps``, ``eager_baseline``,
-    ``measure_cost``, ``raise_errors``, ``label`` and ``config`` belong to ``capture_graphs``; pass
-    ``functools.partial(fn, steps=...)`` if ``fn`` itself takes one of those names.
+    ``measure_cost``, ``raise_errors``, ``label``, ``config``, ``loop`` and ``after`` belong to
+    ``capture_graphs``; pass ``functools.partial(fn, steps=...)`` if ``fn`` itself takes one of those names.
+
+    ``loop=True``: ``fn`` runs a whole training (``lambda: trainer.train()``, a Lightning ``fit``,
+    a plain loop; no ``args``). Its setup and first training step are the first, compiling call;
+    every later call is the loop's next training step (a step ends at an optimizer step), so the
+    loop must have ``1 + steps`` training steps, ``1 + steps`` more with ``measure_cost`` and
+    ``1 + steps`` more with ``eager_baseline``. For a loop, ``eager_baseline`` defaults to False:
+    eager steps would be other training steps (other batches, a model that has moved on), not
+    the same step run eagerly. Then the loop is stopped (``after="stop"``) or runs on to its end
+    unmeasured (``after="continue"``); ``report.loop`` is the
+    :class:`~nbtoolkit.core.training_loop.LoopOutcome` (:mod:`nbtoolkit.core.loop_measure`).
+    ``eager_baseline=None`` (default): True for a step function, False for a loop.
 
     Returns a :class:`~nbtoolkit.compile.report.GraphReport`; ``report.break_summary()``
     ranks the distinct breaks by measured cost, with a fix hint each.
@@ -160,6 +173,59 @@ def capture_graphs(
     # steps=0: only the compiling call runs, which a MeasureConfig (steps >= 1) cannot say
     measure = measure_config(config, steps=steps or None, warmup=0)
     steps = 0 if steps == 0 else measure.steps
+    if loop:
+        return _capture_loop(fn, args, kwargs, steps=steps, measure=measure, eager_baseline=eager_baseline,
+                             measure_cost=measure_cost, raise_errors=raise_errors, label=label, after=after)
+    original = getattr(fn, "_orig_mod", None)  # a torch.compile'd nn.Module: name the module
+    name = label or (type(original).__name__ if original is not None else None)
+    name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def call() -> Any:
+        return fn(*args, **kwargs)
+
+    eager = True if eager_baseline is None else eager_baseline
+    return _capture(call, call, name=name, measure=measure, steps=steps, eager_baseline=eager,
+                    measure_cost=measure_cost, raise_errors=raise_errors)
+
+
+def _capture_loop(loop: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int,
+                  measure: MeasureConfig, eager_baseline: bool | None, measure_cost: bool, raise_errors: bool,
+                  label: str | None, after: str) -> GraphReport:
+    """capture_graphs(loop=True): the loop's setup and first step are the compiling call."""
+    from nbtoolkit.core.errors import LoopError
+    from nbtoolkit.core.loop_measure import begin, measure_loop
+
+    if args or kwargs:
+        raise NbtUsageError(
+            "with loop=True, fn is the training loop and is called with no arguments: pass "
+            "lambda: trainer.train(...) (or functools.partial) instead of arguments to capture_graphs"
+        )
+    eager = bool(eager_baseline)  # None: no eager steps for a loop (see the docstring)
+    name = label or "the training loop"
+
+    needs = (1 + 2 * steps if eager else steps) + (1 + steps if measure_cost and steps else 0)
+
+    def capture_steps(training: Any) -> GraphReport:
+        return _capture(training, lambda: begin(training, needs), name=name, measure=measure, steps=steps,
+                        eager_baseline=eager, measure_cost=measure_cost, raise_errors=raise_errors,
+                        passthrough=(LoopError,))
+
+    report = measure_loop(loop, capture_steps, api="nbt.capture_graphs", warmup=1, after=after, needs=needs,
+                          start=False)
+    if not eager and steps:
+        report.notes.append(
+            "no eager baseline: each call of a training loop is its next training step, not the same step "
+            "again; eager_baseline=True times eager training steps interleaved (they use more of the loop)"
+        )
+    return report
+
+
+def _capture(call: Callable[[], Any], first_call: Callable[[], Any], *, name: str, measure: MeasureConfig,
+             steps: int, eager_baseline: bool, measure_cost: bool, raise_errors: bool,
+             passthrough: tuple[type[BaseException], ...] = ()) -> GraphReport:
+    """The capture itself: ``first_call`` compiles, ``call`` is timed (the module docstring's order).
+
+    Exceptions of the ``passthrough`` types propagate (a training loop that ended too soon)."""
     import torch
 
     from nbtoolkit.compile.break_cost import attribute_break_costs, graph_op_counts
@@ -167,9 +233,6 @@ def capture_graphs(
     from nbtoolkit.compile.report import GraphReport
     from nbtoolkit.compile.user_source import SourcePolicy
 
-    original = getattr(fn, "_orig_mod", None)  # a torch.compile'd nn.Module: name the module
-    name = label or (type(original).__name__ if original is not None else None)
-    name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
     error: str | None = None
     timing = _Timing()
     profiled_events: list[Any] = []
@@ -178,12 +241,10 @@ def capture_graphs(
     profiled_step_s: float | None = None
     ops_run: dict[str, int] = {}
 
-    def call() -> Any:
-        return fn(*args, **kwargs)
-
     with _structured_trace_handler() as collector:
         try:
-            timing.first_call_s, timing.first_call_compiles = _timed_call(call, measure, name, collector)
+            first = _timed_call(first_call, measure, name, collector)
+            timing.first_call_s, timing.first_call_compiles = first
             if steps:
                 _interleaved_steps(
                     call, measure, steps, name=name, collector=collector, timing=timing, eager=eager_baseline
@@ -196,6 +257,8 @@ def capture_graphs(
                     profiled_events, profiled_step_s = _profile_calls(call, measure, steps, name)
                     profiled_steps = steps
         except KeyboardInterrupt:
+            raise
+        except passthrough:
             raise
         except Exception as exc:
             if raise_errors:

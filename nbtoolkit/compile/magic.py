@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
 
 
@@ -12,13 +13,16 @@ def _graphs(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.compile.capture import capture_graphs
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
 
+    code, loop = cell_code(args, call)
     with DelayedProgress("compiling the cell and timing its graphs", delay_s=CELL_DELAY_S):
         return capture_graphs(
-            call.cell_function(),  # also puts the cell's lines in linecache: breaks show their source
+            code,  # cell_function() also put the cell's lines in linecache: breaks show their source
             steps=args.steps,
-            eager_baseline=not args.no_eager,
+            eager_baseline=False if args.no_eager else None,  # None: the API's default (none for a loop)
             measure_cost=not args.no_cost,
             label="%%nbt graphs cell",
+            loop=loop,
+            after=args.after,
         )
 
 
@@ -41,10 +45,15 @@ register(
                 default=APIDefault("nbtoolkit.core.measure_config", "MeasureConfig", "steps"),
                 help="timed, profiled and eager runs of the cell (default %(default)s)",
             ),
-            Argument("--no-eager", action="store_true", help="skip the eager baseline runs"),
+            Argument(
+                "--no-eager",
+                action="store_true",
+                help="skip the eager baseline runs (a loop has none: each run is its next training step)",
+            ),
             Argument(
                 "--no-cost", action="store_true", help="skip the profiled runs that measure break costs"
             ),
+            *LOOP_ARGUMENTS,
         ),
         handler=_graphs,
     )

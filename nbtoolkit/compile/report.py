@@ -121,6 +121,7 @@ class GraphReport(Result):
     step_times_s: list[float] = field(default_factory=list)  # every timed compiled step, in order
     eager_step_times_s: list[float] = field(default_factory=list)  # every timed eager step (interleaved)
     timed_step_compiles: list[int] = field(default_factory=list)  # compiles run by each timed compiled step
+    loop: Any = field(default=None, compare=False)  # capture_graphs(loop=True): its LoopOutcome (not saved)
 
     # ------------------------------------------------------------------ summaries
     @property

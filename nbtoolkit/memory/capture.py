@@ -38,6 +38,7 @@ unchanged (with a note saying where the timeline is). Recording is always turned
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,8 @@ def memory_timeline(
     optimizer: torch.optim.Optimizer | None = None,
     device: str | None = None,
     config: MeasureConfig | None = None,
+    loop: bool = False,
+    after: str = "stop",
 ) -> MemoryTimeline:
     """Run ``fn`` ``steps`` times and return its :class:`~nbtoolkit.memory.timeline.MemoryTimeline`.
 
@@ -82,6 +85,15 @@ def memory_timeline(
             then its ``steps`` are recorded (``steps=`` given as well wins). Without it, one
             call is recorded with no warm-up: a fresh step's allocations, the optimizer state
             it creates included, are what a timeline is usually wanted for.
+        loop: ``fn`` runs a whole training (``lambda: trainer.train()``, a Lightning ``fit``, a
+            plain loop): its setup and warm-up training steps (at least 1, so the recorded step
+            holds the optimizer state the first step created) run unrecorded, then ``steps``
+            training steps are recorded (a step ends at an optimizer step), then the loop is
+            stopped (:mod:`nbtoolkit.core.loop_measure`). Without ``model``/``device``, the device is
+            that of the parameters the loop's optimizer steps. ``timeline.loop`` is the
+            :class:`~nbtoolkit.core.training_loop.LoopOutcome`.
+        after: with ``loop``: ``"stop"`` (default) stops the loop through the framework's own
+            mechanism once its steps are recorded; ``"continue"`` lets it run on, unrecorded.
 
     The value ``fn`` returned last is in ``timeline.value``. See the module docstring for
     the method and for what happens when ``fn`` raises (``exc.timeline``).
@@ -93,6 +105,20 @@ def memory_timeline(
     else:
         measure = measure_config(config, steps=steps)
     steps = measure.steps
+    if loop:
+        from nbtoolkit.core.loop_measure import measure_loop
+
+        def record_steps(training: Any) -> MemoryTimeline:
+            recorded = dataclasses.replace(measure, warmup=0)
+            # without model= or device=, the device the loop's optimizer steps parameters on (CUDA
+            # for a trainer on a GPU), known once its warm-up step ran
+            known = device is not None or model is not None
+            where = device if known else _optimizer_device(training.optimizer)
+            return memory_timeline(training, model=model, optimizer=optimizer, device=where, config=recorded)
+
+        return measure_loop(
+            fn, record_steps, api="nbt.memory_timeline", warmup=measure.warmup, after=after, needs=steps
+        )
 
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
@@ -168,3 +194,11 @@ def _model_device(model: Any) -> torch.device:
         for parameter in model.parameters():
             return torch.device(parameter.device)
     return torch.device("cpu")
+
+
+def _optimizer_device(optimizer: Any) -> str | None:
+    """The device of an optimizer's first parameter, None when it has none."""
+    for group in getattr(optimizer, "param_groups", None) or []:
+        for parameter in group.get("params", []):
+            return str(parameter.device)
+    return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.core.magic_registry import Argument, MagicCall, Subcommand, register
 
@@ -33,8 +34,12 @@ def _memory(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.memory.capture import memory_timeline
 
     model, optimizer = call.lookup(args.model, "model"), call.lookup(args.optimizer, "optimizer")
-    with DelayedProgress(f"recording the cell's memory (runs: {args.steps or 1})", delay_s=CELL_DELAY_S):
-        timeline = memory_timeline(call.cell_function(), args.steps, model=model, optimizer=optimizer)
+    code, loop = cell_code(args, call)
+    runs = "training steps" if loop else "runs"
+    with DelayedProgress(f"recording the cell's memory ({runs}: {args.steps or 1})", delay_s=CELL_DELAY_S):
+        timeline = memory_timeline(
+            code, args.steps, model=model, optimizer=optimizer, loop=loop, after=args.after
+        )
     _show_memory_timeline(args, call, timeline)
     return timeline
 
@@ -99,10 +104,12 @@ register(
                 "--steps",
                 type=int,
                 default=None,
-                help="runs of the cell while recording (default 1)",
+                help="runs of the cell while recording, or training steps of a loop after one warm-up step "
+                "(default 1)",
             ),
             Argument("--model", default=None, help="the model variable: names modules, counts its tensors"),
             Argument("--optimizer", default=None, help="the optimizer variable: counts its state"),
+            *LOOP_ARGUMENTS,
             *DISPLAY_ARGUMENTS,
             _NO_FIGURE,
         ),

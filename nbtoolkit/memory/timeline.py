@@ -175,6 +175,8 @@ class MemoryTimeline(Result):
     allocator_snapshot: Any = field(default=None, compare=False)
     #: for allocator snapshots: bytes reserved from CUDA over time (time_us, reserved_bytes; not saved)
     reserved: Any = field(default=None, compare=False)
+    #: with memory_timeline(loop=True): the training loop's LoopOutcome (not saved)
+    loop: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)

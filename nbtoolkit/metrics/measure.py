@@ -96,6 +96,8 @@ def step_metrics(
     peak_flops: float | None = None,
     measure_peak: Callable[[torch.device, torch.dtype], float] | None = None,
     config: MeasureConfig | None = None,
+    loop: bool = False,
+    after: str = "stop",
 ) -> StepMetrics:
     """Model FLOPs, hardware FLOPs, step time, achieved FLOP/s, MFU and HFU of one training step.
 
@@ -116,6 +118,15 @@ def step_metrics(
             per process).
         config: a :class:`~nbtoolkit.MeasureConfig` (steps, warm-up, synchronisation); ``steps=``
             and ``warmup=`` given as well override its fields.
+        loop: ``step`` runs a whole training (``lambda: trainer.train()``, a Lightning ``fit``, a
+            plain loop): its setup and ``warmup`` training steps (at least 1) run first, the next
+            training step is FLOP-counted, the ``steps`` after it are timed (a step ends at an
+            optimizer step), then the loop is stopped (:mod:`nbtoolkit.core.loop_measure`). A busy
+            CPU's timing is not repeated (each repeat would take more of the loop's steps); the
+            notes say when the CPU was busy. ``metrics.loop`` is the
+            :class:`~nbtoolkit.core.training_loop.LoopOutcome`.
+        after: with ``loop``: ``"stop"`` (default) stops the loop through the framework's own
+            mechanism once its steps are measured; ``"continue"`` lets it run on, unmeasured.
 
     Raises:
         StepError: the step raised (the original exception is its ``__cause__``).
@@ -127,16 +138,30 @@ def step_metrics(
     options = _Options.check(step, model=model, tokens_per_step=tokens_per_step,
                              samples_per_step=samples_per_step, dtype=dtype, peak_flops=peak_flops,
                              measure_peak=measure_peak)
+    if loop:
+        from nbtoolkit.core.loop_measure import measure_loop
+
+        def measure_steps(training: Any) -> StepMetrics:
+            return _measure(training, dataclasses.replace(measure, warmup=0), options, retries=0,
+                            warmup_shown=max(1, measure.warmup))
+
+        return measure_loop(step, measure_steps, api="nbt.step_metrics", warmup=measure.warmup, after=after,
+                            needs=1 + measure.steps)  # the FLOP-counted step, then the timed ones
+    return _measure(step, measure, options, retries=STEP_RETRIES, warmup_shown=measure.warmup)
+
+
+def _measure(step: Callable[[], Any], measure: MeasureConfig, options: _Options, *, retries: int,
+             warmup_shown: int) -> StepMetrics:
     # the warm-up runs before the FLOP count (compilation must not land in the counted call),
     # the timed steps after it and without the counter, which slows ops down
     run_steps(step, measure, warmup_only=True)
     counted = _count_and_peak(step, options)
-    times, notes = _timed_steps(step, dataclasses.replace(measure, warmup=0), counted.device)
-    return _build(counted, times, options, warmup=measure.warmup, notes=notes)
+    times, notes = _timed_steps(step, dataclasses.replace(measure, warmup=0), counted.device, retries=retries)
+    return _build(counted, times, options, warmup=warmup_shown, notes=notes)
 
 
 def _timed_steps(step: Callable[[], Any], measure: MeasureConfig,
-                 device: str) -> tuple[list[float], list[str]]:
+                 device: str, *, retries: int = STEP_RETRIES) -> tuple[list[float], list[str]]:
     """The timed steps' seconds, and notes on the CPU's load while they ran (see step 4 above)."""
     if not device.startswith("cpu"):
         return run_steps(step, measure, device=device).times_s, []
@@ -145,12 +170,12 @@ def _timed_steps(step: Callable[[], Any], measure: MeasureConfig,
     from nbtoolkit.metrics.cpu_load import CpuWatch, CpuWindow
 
     tries: list[tuple[list[float], CpuWindow]] = []
-    for attempt in range(1 + STEP_RETRIES):
+    for attempt in range(1 + retries):
         with CpuWatch(torch.get_num_threads()) as watch:
             times = run_steps(step, measure, device=device).times_s
         assert watch.window is not None
         tries.append((times, watch.window))
-        if not watch.window.busy() or attempt == STEP_RETRIES or watch.window.wall_s > STEP_RETRY_MAX_S:
+        if not watch.window.busy() or attempt == retries or watch.window.wall_s > STEP_RETRY_MAX_S:
             break
         time.sleep(BUSY_PAUSE_S)
     times, window = min(tries, key=lambda t: t[1].others_share or 0.0)

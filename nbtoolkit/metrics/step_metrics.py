@@ -125,6 +125,7 @@ class StepMetrics(Result):
     warmup: int = 0
     notes: list[str] = field(default_factory=list)
     mfu_unavailable: str | None = None
+    loop: Any = None  # step_metrics(loop=True): the training loop's LoopOutcome (not saved)
 
     def __post_init__(self) -> None:
         # Every derived number is a ratio: refuse what would make one 0/0, inf or NaN here, once.

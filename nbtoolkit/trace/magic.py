@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nbtoolkit.core.loop_cell import LOOP_ARGUMENTS, cell_code
 from nbtoolkit.core.magic_display import DISPLAY_ARGUMENTS, show_widget
 from nbtoolkit.core.magic_registry import APIDefault, Argument, MagicCall, Subcommand, register
 
@@ -13,16 +14,20 @@ def _profile(args: argparse.Namespace, call: MagicCall) -> Any:
     from nbtoolkit.core.progress import CELL_DELAY_S, DelayedProgress
     from nbtoolkit.trace.profile import profile
 
-    label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded)"
+    code, loop = cell_code(args, call)
+    runs = "training steps" if loop else "runs"
+    label = f"profiling the cell ({args.warmup} warm-up, {args.steps} recorded {runs})"
     with DelayedProgress(label, delay_s=CELL_DELAY_S):
         return profile(
-            call.cell_function(),
+            code,
             steps=args.steps,
             warmup=args.warmup,
             profile_memory=args.memory,
             record_shapes=args.shapes,
             metrics=args.metrics,
             tokens_per_step=args.tokens,
+            loop=loop,
+            after=args.after,
         )
 
 
@@ -68,18 +73,19 @@ register(
                 "--steps",
                 type=int,
                 default=_profile_default("steps"),
-                help="profiled runs of the cell (default %(default)s)",
+                help="profiled runs of the cell (default %(default)s), training steps with --loop",
             ),
             Argument(
                 "--warmup",
                 type=int,
                 default=_profile_default("warmup"),
-                help="unprofiled runs first (default %(default)s)",
+                help="unprofiled runs first (default %(default)s), training steps with --loop (at least 1)",
             ),
             Argument("--memory", action="store_true", help="also record memory allocations (profile_memory)"),
             Argument("--shapes", action="store_true", help="also record input shapes (record_shapes)"),
             Argument("--metrics", action="store_true", help="also count FLOPs: MFU/HFU in the summary"),
             Argument("--tokens", type=int, default=None, help="tokens per run of the cell, for tokens/s"),
+            *LOOP_ARGUMENTS,
         ),
         handler=_profile,
     )

@@ -16,6 +16,7 @@ to leave the steps that other work disturbed out of the step-time comparison.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ def profile(
     metrics: bool = False,
     tokens_per_step: int | None = None,
     config: MeasureConfig | None = None,
+    loop: bool = False,
+    after: str = "stop",
 ) -> Trace:
     """Profile ``steps`` calls of ``fn`` (after ``warmup`` unprofiled calls) and return the Trace.
 
@@ -58,6 +61,14 @@ def profile(
         tokens_per_step: tokens one call of ``fn`` processes, for tokens/s (with ``metrics``).
         config: a :class:`~nbtoolkit.MeasureConfig` (steps, warm-up, whether each step waits
             for its device work); ``steps=``/``warmup=`` given as well win.
+        loop: ``fn`` runs a whole training (``lambda: trainer.train()``, a Lightning ``fit``, a
+            plain loop): its setup and ``warmup`` training steps (at least 1) run unprofiled, then
+            ``steps`` training steps are profiled, one ``ProfilerStep#N`` each (a step ends at an
+            optimizer step), then the loop is stopped (:mod:`nbtoolkit.core.loop_measure`).
+            ``metrics`` counts FLOPs on one more training step. ``trace.loop`` is the
+            :class:`~nbtoolkit.core.training_loop.LoopOutcome`.
+        after: with ``loop``: ``"stop"`` (default) stops the loop through the framework's own
+            mechanism once its steps are profiled; ``"continue"`` lets it run on, unprofiled.
 
     CPU activities are always recorded, CUDA ones when CUDA is available; each step waits for
     its device work (the step runner's ``synchronize`` inside the step's label).
@@ -72,6 +83,26 @@ def profile(
     from nbtoolkit.trace.torch_profiler import record_step_trace, temporary_trace_file
 
     measure = measure_config(config, steps=steps, warmup=warmup)
+    if loop:
+        from nbtoolkit.core.loop_measure import measure_loop
+
+        def profile_steps(training: Any) -> Trace:
+            return profile(
+                training,
+                config=dataclasses.replace(measure, warmup=0),
+                record_shapes=record_shapes,
+                profile_memory=profile_memory,
+                with_stack=with_stack,
+                trace_path=trace_path,
+                metrics=metrics,
+                tokens_per_step=tokens_per_step,
+            )
+
+        # the loop's own steps: one more with metrics (its FLOP-counted step)
+        needs = measure.steps + int(metrics)
+        return measure_loop(
+            fn, profile_steps, api="nbt.profile", warmup=measure.warmup, after=after, needs=needs
+        )
 
     keep = trace_path is not None
     where = (

@@ -67,6 +67,7 @@ class Trace(Result):
     notes: list[str] = field(default_factory=list)
     value: Any = field(default=None, repr=False)  # what the profiled function returned last (not saved)
     step_metrics: Any = field(default=None, repr=False)  # StepMetrics of profile(metrics=True); not saved
+    loop: Any = field(default=None, repr=False)  # LoopOutcome of profile(loop=True); not saved
     # rank -> StepLoad: the machine's load around each step nbt.profile recorded (saved); empty for
     # traces of other tools. nbt.compare leaves the steps other work disturbed out.
     step_load: dict[int, StepLoad] = field(default_factory=dict, repr=False)
