@@ -52,6 +52,11 @@ def model_and_step(model: Any, step: Any, what: str) -> tuple[Any, Any]:
     ``plan_recompute(nbt.train_step(trainer))`` plans for the model the trainer trains."""
     from nbtoolkit.core.training_loop import LoopSteps
 
+    if isinstance(model, LoopSteps) and step is not None and not callable(step):
+        raise NbtUsageError(
+            f"{what}({model.__name__}, {step!r}): with a training loop's step alone, pass the rest by name, "
+            f"e.g. {what}(step, budget_bytes=...)"
+        )
     if step is not None:
         return model, step
     if isinstance(model, LoopSteps):

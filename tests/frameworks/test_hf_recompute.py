@@ -508,5 +508,7 @@ def test_a_train_step_alone_gives_plan_and_optimize_its_model(tmp_path: Path) ->
     with nbt.train_step(trainer, warmup=1) as step:
         model, same = model_and_step(step, None, "plan_recompute")
         assert model is trainer.model and same is step
+        with pytest.raises(nbt.NbtUsageError, match=r"pass the rest by name"):
+            nbt.plan_recompute(step, "4MB")
     with pytest.raises(nbt.NbtUsageError, match=r"needs the step too"):
         nbt.plan_recompute(trainer.model)
