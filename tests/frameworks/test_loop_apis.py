@@ -206,6 +206,7 @@ def test_a_loop_that_never_steps_an_optimizer_is_a_clear_error(monkeypatch: pyte
         with pytest.raises(LoopError, match=r"stepped no optimizer within 0.3 s"):
             measure(no_optimizer, loop=True)
         assert not torch.autograd.profiler._is_profiler_enabled
+    monkeypatch.delenv("NBTOOLKIT_LOOP_STEP_LIMIT")
     assert len(nbt.profile(PlainLoop(3), steps=1, loop=True).steps) == 1  # the kernel goes on
 
 
