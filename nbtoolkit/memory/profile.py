@@ -311,6 +311,9 @@ class TensorTimeline:
 
     events: list[TensorEvent]
     op_tree: Any
+    #: allocations torch keyed like a storage still live (its free went unrecorded: a backend
+    #: thread freed it); torch merges both into one tensor, so their categories are unreliable
+    reused_keys: int = 0
 
 
 def tensor_events(profiler: Any, *, tolerant: bool = False) -> TensorTimeline:
@@ -362,7 +365,38 @@ def tensor_events(profiler: Any, *, tolerant: bool = False) -> TensorTimeline:
                 storage_ptr=int(key.storage.ptr) if keyed else None,
             )
         )
-    return TensorTimeline(events=events, op_tree=memory_profile._op_tree)
+    return TensorTimeline(
+        events=events, op_tree=memory_profile._op_tree, reused_keys=_reused_keys(memory_profile._op_tree)
+    )
+
+
+def _reused_keys(op_tree: Any) -> int:
+    """How many allocations torch identifies with a storage that is still live.
+
+    torch keys a storage by its address and an id it gives each address on allocation; when the
+    profiler misses a free (it records the profiled thread only; gloo frees some buffers on its
+    own threads), the next allocation at that address gets the old key. torch then merges the
+    two: one tensor, created twice at the later time, with the first one's size and category
+    (an unsharded parameter's PARAMETER passed on to a backward buffer, counted until the end).
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import TensorKey
+
+    live: set[Any] = set()
+    reused = 0
+    for node in op_tree.sorted_nodes:
+        if node.typed[0] != _EventType.Allocation:
+            continue
+        fields = node.typed[1]
+        key = TensorKey.from_allocation(fields)
+        if key is None:
+            continue
+        if fields.alloc_size > 0:
+            reused += key in live
+            live.add(key)
+        else:
+            live.discard(key)
+    return reused
 
 
 def _tolerant_memory_profile(profiler: Any) -> Any:
