@@ -166,7 +166,7 @@ def memory_on_rank(
 
 
 #: how many times :func:`memory_on_rank` records the steps at most (module docstring: why again)
-RECORDINGS = 4
+RECORDINGS = 5
 
 
 def profile_on_rank(
