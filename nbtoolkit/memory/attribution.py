@@ -315,8 +315,8 @@ def build_timeline(
     if recorded.reused_keys:
         notes.append(
             f"{recorded.reused_keys} allocation(s) reused the address of a block whose free torch's "
-            "profiler did not record (another thread freed it, e.g. gloo's): torch merged each with "
-            "the old block, so their category and lifetime may be wrong; record the step again"
+            "profiler did not record (another thread freed it, e.g. gloo's): each is counted from the "
+            "allocator's events, without torch's category, the old block ending just before it"
         )
     return MemoryTimeline(
         events=frame,

@@ -184,8 +184,9 @@ def _next_token_loss(out: Any, targets: torch.Tensor) -> torch.Tensor:
 def test_shards_of_a_llama_are_exact_in_every_measurement(cluster: Any) -> None:
     """About one recording in six on a rank, gloo frees a buffer on its own thread, unrecorded;
     torch's profiler then took the next allocation at that address for the old (gathered)
-    parameter and counted it as a parameter until the end (rank 0: 1.73x its share). Such
-    recordings are made again, so every measurement's shards are exact."""
+    parameter and counted it as a parameter until the end (rank 0: 1.73x its share). Such a
+    storage is split into its allocations again (and the steps recorded again), so every
+    measurement's shards are exact."""
     pytest.importorskip("transformers", reason="transformers (for the HF Llama) is not installed")
     share = sum(p.numel() * p.element_size() for p in _llama().parameters()) / 2
     runs = 4

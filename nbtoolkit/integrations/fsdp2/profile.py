@@ -102,7 +102,7 @@ class Fsdp2Memory(Result):
         unreliable = [r for r, t in self.memory.timelines.items() if t.reused_storages]
         warning = (
             f"; rank(s) {', '.join(map(str, unreliable))}: torch's profiler missed a free on a backend "
-            "thread in every recording, so some categories may be wrong (see the timelines' notes)"
+            "thread in every recording, so the unsharded peaks may be a little high (the timelines' notes)"
             if unreliable else ""
         )
         return (

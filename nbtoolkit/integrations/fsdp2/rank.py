@@ -134,11 +134,12 @@ def memory_on_rank(
     ``warmup`` unrecorded ones (so the AdamW state exists before recording), and its sizes.
 
     A recording in which torch's profiler missed a free on a backend thread (gloo's, about one in
-    five; see ``MemoryTimeline.reused_storages``) may put a gathered parameter or a full-size
-    gradient under ``parameter``/``gradient``: then every rank records its steps again (they
-    must, since the steps' collectives pair the ranks up), up to :data:`RECORDINGS` times, and
-    the timeline's notes say so. Should every recording miss a free, the last one is kept with
-    its note saying its categories may be wrong.
+    six; see ``MemoryTimeline.reused_storages``) has the blocks at that address split from the
+    allocator's events, the missed free placed at the latest it can have happened: the shards
+    stay exact, the unsharded peaks may be a little high. So every rank records its steps again
+    (they must, since the steps' collectives pair the ranks up), up to :data:`RECORDINGS` times,
+    and the timeline's notes say so; the last recording is kept, with its note, when each missed
+    a free.
     """
     import torch
     import torch.distributed as dist
@@ -166,7 +167,7 @@ def memory_on_rank(
 
 
 #: how many times :func:`memory_on_rank` records the steps at most (module docstring: why again)
-RECORDINGS = 5
+RECORDINGS = 3
 
 
 def profile_on_rank(
