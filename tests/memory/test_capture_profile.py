@@ -159,6 +159,10 @@ def test_an_allocation_at_an_address_freed_unrecorded_is_counted_and_noted() -> 
         assert timeline.reused_storages == int(timeline.value), seen
         noted = any("did not record" in note for note in timeline.notes)
         assert noted == bool(timeline.value), timeline.notes
+        if timeline.value:  # split again, each block ends: the step holds nothing afterwards
+            events = timeline.events
+            assert int(events["delta_bytes"].sum()) == 0, events.to_string()
+            assert (events["action"] == "alloc").sum() == 5, events.to_string()  # the freed one, 4 after
         if any(seen) and not all(seen):
             break
     assert any(seen), "the allocator never reused the freed address: nothing was checked"
