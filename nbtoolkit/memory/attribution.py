@@ -312,6 +312,12 @@ def build_timeline(
     phase = frame["phase"].replace("", pd.NA).ffill().fillna("other")
     frame["phase"] = phase.astype(str).to_numpy()
     notes = [baseline_note] if baseline_note else []
+    if recorded.reused_keys:
+        notes.append(
+            f"{recorded.reused_keys} allocation(s) reused the address of a block whose free torch's "
+            "profiler did not record (another thread freed it, e.g. gloo's): each is counted from the "
+            "allocator's events, without torch's category, the old block ending just before it"
+        )
     return MemoryTimeline(
         events=frame,
         stacks=stacks,
@@ -319,6 +325,7 @@ def build_timeline(
         source="torch.profiler memory profile",
         notes=notes,
         category_method="torch.profiler",
+        reused_storages=recorded.reused_keys,
     )
 
 

@@ -311,6 +311,9 @@ class TensorTimeline:
 
     events: list[TensorEvent]
     op_tree: Any
+    #: allocations torch keyed like a storage still live (its free went unrecorded: a backend
+    #: thread freed it); torch merges both into one tensor, so their categories are unreliable
+    reused_keys: int = 0
 
 
 def tensor_events(profiler: Any, *, tolerant: bool = False) -> TensorTimeline:
@@ -330,7 +333,8 @@ def tensor_events(profiler: Any, *, tolerant: bool = False) -> TensorTimeline:
             else MemoryProfile(profiler.profiler.kineto_results)
         )
     except AssertionError as exc:
-        if not tolerant or "version mismatch" not in str(exc):
+        # both are torch's data-flow checks failing on a storage allocated twice at one address
+        if not tolerant or not str(exc).startswith(("version mismatch", "duplicate outputs")):
             raise
         memory_profile = _tolerant_memory_profile(profiler)
     categories = memory_profile._categories
@@ -362,7 +366,72 @@ def tensor_events(profiler: Any, *, tolerant: bool = False) -> TensorTimeline:
                 storage_ptr=int(key.storage.ptr) if keyed else None,
             )
         )
-    return TensorTimeline(events=events, op_tree=memory_profile._op_tree)
+    events, reused = _split_reused_keys(events, memory_profile._op_tree)
+    return TensorTimeline(events=events, op_tree=memory_profile._op_tree, reused_keys=reused)
+
+
+_ACTION_ORDER = {"preexisting": 0, "create": 1, "increment_version": 2, "destroy": 3}  # torch's
+
+
+def _split_reused_keys(events: list[TensorEvent], op_tree: Any) -> tuple[list[TensorEvent], int]:
+    """``events`` with each storage torch merged from several allocations split into them again,
+    and how many allocations were merged into a storage still live.
+
+    torch keys a storage by its address and an id it gives each address on allocation; when the
+    profiler misses a free (it records the profiled thread only; gloo frees some buffers on its
+    own threads), the next allocation at that address gets the old key. torch then merges the
+    two: one tensor, created twice at the later time, with the first one's size and category
+    (an unsharded parameter's PARAMETER passed on to a backward buffer, counted until the end).
+    Such a key's events are replaced by the allocator's own: each allocation with its time and
+    size, as a tensor of its own (allocation id -1, -2 ...), uncategorised (torch's category
+    was the merged storage's), ended by the next allocation at its address when its own free
+    was not seen (the latest it can have been freed).
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler._memory_profiler import TensorKey
+
+    raw: dict[Any, list[tuple[int, int]]] = {}  # key -> its allocations and frees (time, size)
+    live: set[Any] = set()
+    merged: set[Any] = set()
+    reused = 0
+    for node in op_tree.sorted_nodes:
+        if node.typed[0] != _EventType.Allocation:
+            continue
+        fields = node.typed[1]
+        key = TensorKey.from_allocation(fields)
+        if key is None:
+            continue
+        raw.setdefault(key, []).append((int(node.start_time_ns), int(fields.alloc_size)))
+        if fields.alloc_size > 0:
+            if key in live:
+                reused += 1
+                merged.add(key)
+            live.add(key)
+        else:
+            live.discard(key)
+    if not merged:
+        return events, 0
+    identities = {(int(k.id), int(k.storage.allocation_id)) for k in merged}
+    kept = [e for e in events if e.tensor not in identities]
+    for key in merged:
+        def event(t: int, action: str, size: int, identity: tuple[int, int], key: Any = key) -> TensorEvent:
+            ptr = key.storage.ptr
+            return TensorEvent(t, action, size, key.device, None, tensor=identity, storage_ptr=ptr)
+
+        lifetimes = 0
+        open_size: int | None = None
+        identity = (int(key.id), 0)
+        for t, size in raw[key]:
+            if open_size is not None:  # its free, or (unseen) just before the next allocation here
+                end = t if size <= 0 else t - 1
+                kept.append(event(end, "destroy", open_size, identity))
+                open_size = None
+            if size > 0:
+                lifetimes += 1
+                identity, open_size = (int(key.id), -lifetimes), size
+                kept.append(event(t, "create", size, identity))
+    kept.sort(key=lambda e: (e.time_ns, _ACTION_ORDER[e.action]))
+    return kept, reused
 
 
 def _tolerant_memory_profile(profiler: Any) -> Any:
@@ -374,7 +443,7 @@ def _tolerant_memory_profile(profiler: Any) -> Any:
     backends free some buffers on their own threads (gloo's work threads under FSDP2's
     all-gathers, about one profile in five). torch then sees the same storage allocated
     twice and stops. Without the check the second allocation continues the first one's
-    versions: the categories of that one storage may be wrong, the timeline is otherwise whole.
+    versions; :func:`_split_reused_keys` then splits that storage into its allocations again.
     """
     import torch.profiler._memory_profiler as memory_profiler
 

@@ -177,6 +177,9 @@ class MemoryTimeline(Result):
     reserved: Any = field(default=None, compare=False)
     #: with memory_timeline(loop=True): the training loop's LoopOutcome (not saved)
     loop: Any = field(default=None, compare=False)
+    #: allocations torch's profiler took for a storage still live, because that storage's free
+    #: happened on another thread, unrecorded: their categories are unreliable (0: none; not saved)
+    reused_storages: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         self.events = normalize_events(self.events)

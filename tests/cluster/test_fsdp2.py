@@ -159,6 +159,51 @@ def test_each_rank_holds_its_shard_of_parameters_gradients_and_adamw_state(clust
     assert "FSDP2 memory per rank" in repr(result)
 
 
+def _llama() -> Any:
+    """A tiny HF Llama (4 decoder layers, 180,800 parameters): FSDP2 shards each decoder layer
+    and the root (embeddings, final norm, head), whose sizes differ, so gloo's buffers of one
+    size are freed and others allocated at their addresses."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _token_batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(rank))
+    return ids, ids
+
+
+def _next_token_loss(out: Any, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten())
+
+
+def test_shards_of_a_llama_are_exact_in_every_measurement(cluster: Any) -> None:
+    """About one recording in six on a rank, gloo frees a buffer on its own thread, unrecorded;
+    torch's profiler then took the next allocation at that address for the old (gathered)
+    parameter and counted it as a parameter until the end (rank 0: 1.73x its share). Such a
+    storage is split into its allocations again (and the steps recorded again), so every
+    measurement's shards are exact."""
+    pytest.importorskip("transformers", reason="transformers (for the HF Llama) is not installed")
+    share = sum(p.numel() * p.element_size() for p in _llama().parameters()) / 2
+    runs = 4
+    for run in range(runs):
+        result = fsdp2_memory(cluster, _llama, _token_batch, loss_fn=_next_token_loss)
+        table = result.table
+        shown = f"run {run + 1} of {runs}\n{table.to_string()}\n{[t.notes for t in result.memory]}"
+        assert (table["per_rank_share_bytes"] == share).all(), shown
+        for row in table.itertuples():
+            assert abs(row.parameter / share - 1) < 0.01, shown
+            assert abs(row.gradient / share - 1) < 0.01, shown
+            assert abs(row.optimizer_state / (2 * share) - 1) < 0.01, shown
+        for timeline in result.memory:  # a recording kept despite a missed free says so
+            said = any("did not record" in note for note in timeline.notes)
+            assert said == (timeline.reused_storages > 0), shown
+
+
 def test_cluster_memory_of_a_sharded_model_in_the_ranks_namespace(cluster: Any) -> None:
     """The notebook's own path: a model sharded in a cell, then ``cluster.memory`` of its step."""
     cluster.run_cell(

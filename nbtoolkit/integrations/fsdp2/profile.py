@@ -98,11 +98,18 @@ class Fsdp2Memory(Result):
         share = float(row["per_rank_share_bytes"]) or 1.0
         ranks = len(self.table)
         gathered = format_bytes(int(self.table["unsharded_parameter"].max()))
+        # every recording missed a free on a backend thread (rank.memory_on_rank): say so
+        unreliable = [r for r, t in self.memory.timelines.items() if t.reused_storages]
+        warning = (
+            f"; rank(s) {', '.join(map(str, unreliable))}: torch's profiler missed a free on a backend "
+            "thread in every recording, so the unsharded peaks may be a little high (the timelines' notes)"
+            if unreliable else ""
+        )
         return (
             f"each of {ranks} ranks holds parameters {row['parameter'] / share:.2f}x, gradients "
             f"{row['gradient'] / share:.2f}x and optimizer state {row['optimizer_state'] / share:.2f}x "
             f"of its 1/{ranks} share of the model ({format_bytes(int(share))}); FSDP2's gathered "
-            f"parameters peak at {gathered} ({self.settings.label()})"
+            f"parameters peak at {gathered} ({self.settings.label()}){warning}"
         )
 
     def _text(self) -> str:
