@@ -74,9 +74,13 @@ class Watchdog:
             self._fired = False
 
     def close(self) -> None:
-        """End the watchdog thread (idempotent)."""
+        """End the watchdog thread (idempotent); an exception fired and not yet delivered is withdrawn,
+        so that no StepTimeLimit reaches code that runs after the loop (a profiler starting in the
+        next cell, caught half-way, never started again)."""
         with self._cond:
-            self._closed, self._deadline = True, None
+            if self._fired and self._target is not None:
+                _raise_in(self._target, None)
+            self._closed, self._deadline, self._fired = True, None, False
             self._cond.notify()
 
     def _watch(self) -> None:
@@ -89,7 +93,7 @@ class Watchdog:
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                if self._target is not None:
+                if self._target is not None and not self._closed:
                     _raise_in(self._target, StepTimeLimit)
                     self._fired = True
                 self._deadline = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import nbtoolkit as nbt
-from nbtoolkit.core.errors import LoopEndedError, LoopError, NbtUsageError
+from nbtoolkit.core.errors import LoopEndedError, NbtUsageError
 
 from ._loop_models import PlainLoop, hf_trainer, lightning_parts
 
@@ -202,20 +203,68 @@ def test_a_trainer_with_too_few_steps_left_fails_before_measuring(tmp_path: Path
     assert trainer.state.global_step == 3  # and the trainer trains again
 
 
-def test_a_loop_that_never_steps_an_optimizer_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NBTOOLKIT_LOOP_STEP_LIMIT", "0.3")  # seconds a step may take
-    model = torch.nn.Linear(4, 4)
+_STALL = """
+import os, sys, torch
+import nbtoolkit as nbt
+from nbtoolkit.core.errors import LoopError
+sys.path.insert(0, {tests!r})
+from frameworks._loop_models import PlainLoop
 
-    def no_optimizer() -> None:
-        while True:
-            model(torch.randn(2, 4)).sum().backward()
+os.environ["NBTOOLKIT_LOOP_STEP_LIMIT"] = "0.3"  # seconds a step may take
+model = torch.nn.Linear(4, 4)
 
-    for measure in (nbt.profile, nbt.memory_timeline):
-        with pytest.raises(LoopError, match=r"stepped no optimizer within 0.3 s"):
-            measure(no_optimizer, loop=True)
-        assert not torch.autograd.profiler._is_profiler_enabled
-    monkeypatch.delenv("NBTOOLKIT_LOOP_STEP_LIMIT")
-    assert len(nbt.profile(PlainLoop(3), steps=1, loop=True).steps) == 1  # the kernel goes on
+def no_optimizer():
+    while True:
+        model(torch.randn(2, 4)).sum().backward()
+
+for measure in (nbt.profile, nbt.memory_timeline):
+    try:
+        measure(no_optimizer, loop=True)
+    except LoopError as exc:
+        assert "stepped no optimizer within 0.3 s" in str(exc), exc
+    else:
+        raise AssertionError("no LoopError")
+    assert not torch.autograd.profiler._is_profiler_enabled
+del os.environ["NBTOOLKIT_LOOP_STEP_LIMIT"]
+assert len(nbt.profile(PlainLoop(3), steps=1, loop=True).steps) == 1  # the kernel goes on
+print("profiled after the stall", flush=True)
+if {memory_after!r}:
+    nbt.memory_timeline(PlainLoop(3), loop=True)
+    print("memory after the stall", flush=True)
+"""
+
+
+def _run_stall(memory_after: bool, timeout_s: float) -> str:
+    import os
+    import sys
+
+    tests = str(Path(__file__).resolve().parents[1])
+    script = _STALL.format(tests=tests, memory_after=memory_after)
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=timeout_s,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_loop_that_never_steps_an_optimizer_is_a_clear_error() -> None:
+    # In a subprocess: after a loop stopped by its time limit (an exception raised into the thread
+    # from the watchdog), the next memory profiler start in the same process can hang (see below).
+    assert "profiled after the stall" in _run_stall(memory_after=False, timeout_s=300)
+
+
+@pytest.mark.xfail(
+    reason="known bug, not fixed yet: after a loop stopped by its step time limit under "
+    "nbt.profile/nbt.memory_timeline(loop=True), the next memory_timeline in the same process hangs in "
+    "torch.profiler's start (Kineto's add_metadata_json, holding the GIL); found by running this file "
+    "and test_loop_magics.py in one process",
+    raises=(subprocess.TimeoutExpired, AssertionError),
+    strict=False,
+)
+def test_memory_timeline_after_a_stalled_loop_still_records() -> None:
+    assert "memory after the stall" in _run_stall(memory_after=True, timeout_s=120)
 
 
 def test_after_must_be_stop_or_continue() -> None:
