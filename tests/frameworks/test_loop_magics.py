@@ -70,6 +70,7 @@ def test_metrics_cell_with_lightning_fit_and_after_continue_runs_to_the_end(
 
 
 def test_graphs_cell_with_an_explicit_loop_flag(shell: InteractiveShell, tmp_path: Path) -> None:
+    torch._dynamo.reset()  # an earlier test compiled the same model code: its graphs would be cached
     trainer = hf_trainer(tmp_path, MAX_STEPS)
     trainer.model.forward = torch.compile(trainer.model.forward, backend="eager")
     shell.user_ns["run_training"] = trainer.train  # no .train( in the cell: --loop says it
