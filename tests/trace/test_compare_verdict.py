@@ -78,7 +78,9 @@ def test_a_clear_slowdown_is_named_with_its_interval_in_text_and_html(tmp_path):
     result = diff.step_time
     assert result.verdict == SLOWER
     assert result.ratio == pytest.approx(1.5)
-    assert 1.45 < result.low < 1.5 < result.high < 1.55
+    # the step times alone give about 1.49-1.51 (±0.4% jitter); the interval allows 10% each side for what two
+    # recordings made one after the other can differ by with nothing changed
+    assert 1.48 / 1.1 < result.low < 1.5 / 1.1 and 1.5 * 1.1 < result.high < 1.52 * 1.1
     assert diff.time_within_noise is False
     text = repr(diff)
     assert "Step time: after is slower: 1.50× the time (" in text
@@ -99,13 +101,27 @@ def test_a_clear_slowdown_is_named_with_its_interval_in_text_and_html(tmp_path):
     assert faster.reading().startswith("after is faster: 1.50× the speed (")
 
 
-def test_steps_within_two_percent_are_the_same(tmp_path):
+def test_steps_within_two_percent_are_no_change_beyond_what_two_recordings_can_show(tmp_path):
     before = _recorded(tmp_path, "before", _jitter(10.0, 12, spread=0.002))
     after = _recorded(tmp_path, "after", _jitter(10.02, 12, spread=0.002))
     diff = nbt.compare(before, after)
     assert diff.step_time.verdict == SAME
     assert diff.time_within_noise is True
-    assert "no measurable change: 1.00× the time (" in repr(diff) and "within ±2%" in repr(diff)
+    text = repr(diff)
+    assert "no change beyond ±12%: 1.00× the time (0.9" in text
+    assert "can differ by 10% with nothing changed: time smaller changes with nbt.optimize" in text
+
+
+def test_a_nine_percent_difference_between_two_recordings_is_not_named(tmp_path):
+    """CI's shared machine recorded the same step 1.09× as long the second time (1.04-1.14× by the
+    step times alone, every step undisturbed): two recordings cannot name a change that small."""
+    before = _recorded(tmp_path, "before", _jitter(10.0, 40, spread=0.002))
+    after = _recorded(tmp_path, "after", _jitter(10.9, 40, spread=0.002))
+    result = nbt.compare(before, after).step_time
+    assert result.verdict == UNCLEAR and result.low < 1.0 < result.high
+    assert "no measurable change: 1.09× the time" in result.reading()
+    reading = result.reading()
+    assert "two recordings made one after the other can differ by 10% with nothing changed" in reading
 
 
 def test_steps_another_thread_disturbed_are_left_out(tmp_path):
@@ -155,7 +171,7 @@ def test_a_wait_the_kept_steps_still_met_widens_the_interval(tmp_path):
     assert result.high >= 1.0 > 0.9 > result.low  # covers the ratio with the wait taken out
     assert result.verdict == UNCLEAR
     assert "no measurable change: 0.90× the time" in result.reading()
-    assert "the two recordings met different load from other work" in result.reading()
+    assert "(and by more when they met different load from other work)" in result.reading()
     notes = " ".join(result.notes())
     assert "still waited for a processor 10% of their time before and 0% after" in notes
     assert "which alone makes 0.90× the time" in notes
@@ -284,3 +300,15 @@ def test_combined_traces_keep_each_rank_s_load(tmp_path):
     assert both.step_load[1] is second.step_load[1]
     result = nbt.compare(both, both).step_time
     assert result.before.steps == 16 and result.before.disturbed == 2  # rank 1's steps 2 and 6
+
+
+def test_a_recording_whose_machine_speed_moved_widens_the_interval_by_that_drift(tmp_path):
+    """The after recording's undisturbed steps went from 10 to 13 ms halfway (as on this machine):
+    the 1.15× between the medians is not named, and the note says why."""
+    before = _recorded(tmp_path, "before", _jitter(10.0, 30, spread=0.002))
+    after = _recorded(tmp_path, "after", _jitter(10.0, 15, spread=0.002) + _jitter(13.0, 15, spread=0.002))
+    result = nbt.compare(before, after).step_time
+    assert result.after.drift == pytest.approx(0.3, abs=0.01) and result.allowance == result.after.drift
+    assert result.verdict == UNCLEAR and result.low < 1.0
+    notes = " ".join(result.notes())
+    assert "the after trace's undisturbed steps drifted by 30% while it was recorded" in notes
