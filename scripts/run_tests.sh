@@ -47,10 +47,11 @@ echo "[test] session 2: everything else, and the walkthrough notebooks through n
 in_private_network python -m pytest tests notebooks --ignore=tests/cluster --ignore=tests/frameworks --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg --junitxml="$RESULTS/main.xml" "$@"
 main_status=$?
-# The framework tests pause real training loops (greenlets) around torch.profiler. A known bug
-# (tests/frameworks/test_loop_apis.py::test_memory_timeline_after_a_stalled_loop_still_records) can
-# leave a process's profiler unable to start again, which hung the next profiling test of a shared
-# session; each file runs in a process of its own until it is fixed.
+# The framework tests pause real training loops (greenlets) around torch.profiler. A loop stopped by
+# an exception raised into its thread (the watchdog's last resort) can leave a process's profiler
+# unable to start again; it once hung the next profiling test of a shared session. The time limit is
+# now kept at the loop's own hooks (test_memory_timeline_after_a_stalled_loop_still_records), but each
+# file still runs in a process of its own, so that a loop a test leaves behind cannot reach another.
 echo "[test] session 3: the framework tests (HF Trainer, Lightning, loops), one process per file"
 frameworks_status=0
 for file in tests/frameworks/test_*.py; do

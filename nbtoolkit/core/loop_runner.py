@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,12 @@ from nbtoolkit.core.loop_watchdog import StepTimeLimit, Watchdog
 __all__ = ["LoopRun", "close_abandoned"]
 
 FIRST_STEP_ALLOWANCE = 3.0  # the first step also runs the loop's setup (data loaders, compilation)
+# The time limit is kept at the loop's own hooks (its backward passes and optimizer steps), where
+# raising is as safe as any exception of the loop's code. The watchdog thread's exception, raised
+# into whatever Python instruction runs, is the last resort for a loop that reaches no hook: it
+# waits this many times the limit. Raised from outside, it can land inside torch.profiler's own
+# Python code and leave the profiler unable to start again in this process (a known hang).
+LAST_RESORT_FACTOR = 2.0
 STOP_GRACE_STEPS = 3  # optimizer steps a framework may take after its stop flag before we raise
 
 
@@ -57,6 +64,7 @@ class LoopRun:
         self.grace = 0  # optimizer steps taken since a stop flag was set
         self.scaler = False
         self.watchdog = Watchdog()
+        self.deadline: float | None = None  # time.monotonic() the step in progress must end by
         self.first_step = True
         self.most_optimizers = 0  # the most optimizers one run of the loop stepped
         # other optimizers the loop can reach at its first optimizer step (its frames' variables):
@@ -65,6 +73,7 @@ class LoopRun:
 
     # ---- events from loop_boundaries (in the loop greenlet) ----
     def optimizer_started(self, optimizer: Any) -> None:
+        self.check_time()
         if self.framework is None:
             self.framework = find_framework()
         if self.lead is None and self.framework.known_optimizers() == 1:
@@ -85,6 +94,22 @@ class LoopRun:
 
     def backward_started(self) -> None:
         self.backwards += 1
+        self.check_time()
+
+    def check_time(self) -> None:
+        """Raise StepTimeLimit here, in the loop's own code, once the step in progress is past its limit."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.deadline = None
+            raise StepTimeLimit
+
+    def arm(self, limit_s: float) -> None:
+        """Start the step's time limit: kept at the hooks, the watchdog as the last resort."""
+        self.deadline = time.monotonic() + limit_s
+        self.watchdog.arm(self.thread, limit_s * LAST_RESORT_FACTOR)
+
+    def disarm(self) -> None:
+        self.deadline = None
+        self.watchdog.disarm(self.thread)
 
     def scaler_used(self) -> None:
         self.scaler = True
@@ -97,7 +122,7 @@ class LoopRun:
         if self.mode != "pause":
             # running on unmeasured (to its end, or to the stop its framework was asked for): the
             # time limit holds for each step, not for the rest of the run
-            self.watchdog.arm(self.thread, self.limit_s)
+            self.arm(self.limit_s)
         if self.mode == "run":
             return
         if self.mode == "stop":
@@ -105,10 +130,10 @@ class LoopRun:
             if self.grace > STOP_GRACE_STEPS:
                 raise TrainingStopped  # the framework did not honour its flag: stop it by raising
             return
-        self.watchdog.disarm(self.thread)
+        self.disarm()
         self.caller.switch(("step", None))
         # resumed by the next step()
-        self.watchdog.arm(self.thread, self.limit_s)
+        self.arm(self.limit_s)
 
     # ---- the greenlet ----
     def body(self) -> tuple[str, Any]:
@@ -121,7 +146,7 @@ class LoopRun:
         except BaseException as exc:
             return ("raised", exc)
         finally:
-            self.watchdog.disarm(self.thread)
+            self.disarm()
 
     def launch(self) -> None:
         import greenlet
@@ -153,18 +178,18 @@ class LoopRun:
         limit = self.limit_s * (FIRST_STEP_ALLOWANCE if self.first_step else 1.0)
         self.first_step = False
         self.backwards, self.skipped_now, self.cycle_grew = 0, False, False
-        self.watchdog.arm(self.thread, limit)
+        self.arm(limit)
         try:
             message = self.glet.throw(throw) if throw is not None else self.glet.switch()
         except StepTimeLimit:  # delivered just as the loop handed control back
             message = ("time limit", None)
         except BaseException:
-            self.watchdog.disarm(self.thread)
+            self.disarm()
             raise
         try:
-            self.watchdog.disarm(self.thread)
+            self.disarm()
         except StepTimeLimit:  # delivered inside disarm itself: this step did pass the limit
-            self.watchdog.disarm(self.thread)
+            self.disarm()
             message = ("time limit", None) if message[0] == "step" else message
         if self.glet.dead:
             loop_boundaries.unlisten(self.glet)
