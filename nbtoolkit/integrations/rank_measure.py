@@ -15,7 +15,27 @@ from nbtoolkit.core.measure_config import MeasureConfig
 from nbtoolkit.core.step_runner import run_steps
 from nbtoolkit.memory.profile import live_tensor_bytes
 
-__all__ = ["live_bytes_before_model", "time_and_profile_on_rank"]
+__all__ = ["live_bytes_before_model", "rank_batch", "rank_loss", "time_and_profile_on_rank"]
+
+
+def rank_batch(batch_fn: Callable[[int], Any], rank: int, device: Any) -> tuple[Any, Any]:
+    """``batch_fn(rank)`` as ``(inputs, targets)`` on ``device``: a 2-tuple is inputs and targets,
+    anything else is the inputs alone (targets None)."""
+    batch = batch_fn(rank)
+    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+    return inputs.to(device), (targets.to(device) if targets is not None else None)
+
+
+def rank_loss(out: Any, targets: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
+    """The loss of a sweep's or measurement's step: ``loss_fn(out, targets)``, else MSE against the
+    targets, else the output's mean square (a loss that needs no labels, for any model)."""
+    import torch
+
+    if loss_fn is not None:
+        return loss_fn(out, targets)
+    if targets is not None:
+        return torch.nn.functional.mse_loss(out.float(), targets.float())
+    return out.float().pow(2).mean()
 
 
 def live_bytes_before_model() -> int:

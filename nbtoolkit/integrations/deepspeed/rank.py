@@ -12,7 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtoolkit.core.measure_config import MeasureConfig
-from nbtoolkit.integrations.rank_measure import live_bytes_before_model, time_and_profile_on_rank
+from nbtoolkit.integrations.rank_measure import (
+    live_bytes_before_model,
+    rank_batch,
+    rank_loss,
+    time_and_profile_on_rank,
+)
 
 __all__ = ["graph_breaks_one_on_rank", "parameter_count", "sweep_one_on_rank"]
 
@@ -40,19 +45,10 @@ def _engine_and_step(
     model = model_fn()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    batch = batch_fn(rank)
-    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inputs = inputs.to(engine.device)
-    targets = targets.to(engine.device) if targets is not None else None
+    inputs, targets = rank_batch(batch_fn, rank, engine.device)
 
     def step() -> float:
-        out = engine(inputs)
-        if loss_fn is not None:
-            loss = loss_fn(out, targets)
-        elif targets is not None:
-            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
-        else:
-            loss = out.float().pow(2).mean()
+        loss = rank_loss(engine(inputs), targets, loss_fn)
         engine.backward(loss)
         engine.step()
         return float(loss.detach())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.integrations.fsdp2.wrap import ShardSettings, is_fully_sharded, shard_model
+from nbtoolkit.integrations.rank_measure import rank_batch, rank_loss
 
 if TYPE_CHECKING:
     import torch
@@ -83,19 +84,10 @@ def make_step(
 
     require_sharded(model, "make_step")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    batch = batch_fn(dist.get_rank() if dist.is_initialized() else 0)
-    inputs, targets = batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
-    inputs = inputs.to(device)
-    targets = targets.to(device) if targets is not None else None
+    inputs, targets = rank_batch(batch_fn, dist.get_rank() if dist.is_initialized() else 0, device)
 
     def step() -> float:
-        out = model(inputs)
-        if loss_fn is not None:
-            loss = loss_fn(out, targets)
-        elif targets is not None:
-            loss = torch.nn.functional.mse_loss(out.float(), targets.float())
-        else:
-            loss = out.float().pow(2).mean()
+        loss = rank_loss(model(inputs), targets, loss_fn)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
