@@ -43,17 +43,31 @@ def build_sharded(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """On a rank: ``model_fn()`` built with the same seed on every rank, sharded with
     :func:`~nbtoolkit.integrations.fsdp2.wrap.shard_model`, and a ``torch.optim.AdamW`` over its
-    (sharded) parameters, so the optimizer state is created per shard too."""
+    (sharded) parameters, so the optimizer state is created per shard too. Where the rank has a
+    GPU and an NCCL group, the model is moved to the rank's GPU before it is sharded."""
     import torch
 
     torch.manual_seed(seed)  # every rank starts from the same weights before sharding
     model = model_fn()
     if not isinstance(model, torch.nn.Module):
         raise NbtUsageError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
+    if _on_gpu() and not is_fully_sharded(model):
+        # the rank's own GPU (the cluster sets it per rank); shard_model's mesh follows the model
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))
     if not is_fully_sharded(model):
         model = shard_model(model, settings, blocks=blocks)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     return model, optimizer
+
+
+def _on_gpu() -> bool:
+    """Whether this rank shards on its GPU: CUDA is there and the group is not gloo (a CPU group)."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        return False
+    return not dist.is_initialized() or dist.get_backend() != "gloo"
 
 
 def require_sharded(model: Any, what: str) -> None:
