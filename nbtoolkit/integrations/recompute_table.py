@@ -12,7 +12,7 @@ from typing import Any
 
 from nbtoolkit.core.units import parse_bytes
 
-__all__ = ["PLAN_COLUMNS", "RANK_COLUMNS", "parse_budgets", "plan_rows"]
+__all__ = ["PLAN_COLUMNS", "RANK_COLUMNS", "no_budget_lines", "parse_budgets", "plan_rows"]
 
 PLAN_COLUMNS = ["budget_bytes", "blocks", "n_blocks", "predicted_peak_bytes", "measured_peak_bytes", "fits",
                 "step_time_s", "step_time_none_s", "step_time_all_s", "error", "notes"]  # fmt: skip
@@ -76,3 +76,22 @@ def shown_plans(table: Any, keys: Sequence[str]) -> Any:
     frame["fits"] = ["yes" if f else "NO" for f in frame["fits"]]
     shown = ["budget", "blocks", "predicted peak", "measured peak", "fits", "step", "step, all blocks"]
     return frame[[*keys, *shown]]
+
+
+def no_budget_lines(table: Any, ranks: Any, key: str, name: Any = str) -> list[str]:
+    """Without a budget there is no plan to show: per configuration (``key``, named by ``name``),
+    the range a budget can take, from the largest rank's peaks checkpointing nothing and every
+    block. Empty when the table holds plans."""
+    from nbtoolkit.core.units import format_bytes
+
+    if len(table) or not len(ranks):
+        return []
+    lines = []
+    for value, rows in ranks.groupby(key, sort=False):
+        none, every = int(rows["peak_none_bytes"].max()), int(rows["peak_all_bytes"].max())
+        lines.append(
+            f"{name(value)}: no budget given; the largest rank peaks at {format_bytes(none)} recomputing "
+            f"nothing and {format_bytes(every)} recomputing every block: pass budget= between them "
+            "(a list gives one plan each)"
+        )
+    return lines

@@ -34,7 +34,13 @@ from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.integrations.deepspeed.config import zero_config
 from nbtoolkit.integrations.deepspeed.recompute_rank import recompute_on_rank
-from nbtoolkit.integrations.recompute_table import PLAN_COLUMNS, parse_budgets, plan_rows, shown_plans
+from nbtoolkit.integrations.recompute_table import (
+    PLAN_COLUMNS,
+    no_budget_lines,
+    parse_budgets,
+    plan_rows,
+    shown_plans,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,9 +91,14 @@ class ZeroRecompute(Result):
     def _shown(self) -> pd.DataFrame:
         return shown_plans(self.table, ["stage"])
 
+    def _no_budget(self) -> list[str]:
+        return no_budget_lines(self.table, self.ranks, "stage", lambda stage: f"stage {stage}")
+
     def _text(self) -> str:
         lines = [f"ZeRO recompute plans: {len(self.table)} (stage, budget) pairs; peaks: largest rank"]
-        lines.append(self._shown().to_string(index=False))
+        if len(self.table):
+            lines.append(self._shown().to_string(index=False))
+        lines.extend(self._no_budget())
         lines.extend(f"stage {r.stage}, budget {format_bytes(r.budget_bytes)}: {r.error}"
                      for r in self.table.itertuples() if r.error)
         lines.extend(f"note: {n}" for n in self.notes)
@@ -100,7 +111,9 @@ class ZeroRecompute(Result):
         )
         return (
             "<div class='nbt-zero-recompute'><b>ZeRO recompute plans</b> (peaks: the largest rank's "
-            "device total)" + html_table(self._shown()) + errors + "</div>"
+            "device total)" + (html_table(self._shown()) if len(self.table) else "") + errors
+            + "".join(f"<p>{escape(line)}</p>" for line in self._no_budget())
+            + "</div>"
         )
 
 

@@ -29,7 +29,13 @@ from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.integrations.fsdp2.sweep_rank import recompute_one_on_rank
 from nbtoolkit.integrations.fsdp2.wrap import ShardSettings
-from nbtoolkit.integrations.recompute_table import PLAN_COLUMNS, parse_budgets, plan_rows, shown_plans
+from nbtoolkit.integrations.recompute_table import (
+    PLAN_COLUMNS,
+    no_budget_lines,
+    parse_budgets,
+    plan_rows,
+    shown_plans,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +66,9 @@ class Fsdp2Recompute(Result):
 
     def _text(self) -> str:
         lines = [f"FSDP2 recompute plans: {len(self.table)} (config, budget) pairs; peaks: largest rank"]
-        lines.append(shown_plans(self.table, ["config"]).to_string(index=False))
+        if len(self.table):
+            lines.append(shown_plans(self.table, ["config"]).to_string(index=False))
+        lines.extend(no_budget_lines(self.table, self.ranks, "config"))
         lines.extend(f"{r.config}, budget {format_bytes(r.budget_bytes)}: {r.error}"
                      for r in self.table.itertuples() if r.error)  # fmt: skip
         lines.extend(f"note: {n}" for n in self.notes)
@@ -74,7 +82,11 @@ class Fsdp2Recompute(Result):
         )  # fmt: skip
         return (
             "<div class='nbt-fsdp2-recompute'><b>FSDP2 recompute plans</b> (peaks: the largest rank's "
-            "device total)" + html_table(shown_plans(self.table, ["config"])) + errors + "</div>"
+            "device total)"
+            + (html_table(shown_plans(self.table, ["config"])) if len(self.table) else "")
+            + errors
+            + "".join(f"<p>{escape(line)}</p>" for line in no_budget_lines(self.table, self.ranks, "config"))
+            + "</div>"
         )
 
 
