@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtError
@@ -61,32 +62,42 @@ _WAITS = ("<br>measuring on the kernel's main thread: a cell you run now waits u
 
 
 def zero_recompute_figure(table: Any) -> Any:
-    """Two panels from a ZeroRecompute table: blocks recomputed against the budget, one line per
-    ZeRO stage; and the largest rank's measured total peak against the budget (the diagonal is
-    the budget itself: points under it fit)."""
+    """Two panels from a ZeroRecompute table (:func:`sharded_recompute_figure`), one line per stage."""
+    return sharded_recompute_figure(
+        table,
+        "stage",
+        lambda stage: f"ZeRO-{stage}",
+        "Recompute plans under DeepSpeed ZeRO, one plan for all ranks",
+    )
+
+
+def sharded_recompute_figure(table: Any, key: str, name: Callable[[Any], str], title: str) -> Any:
+    """Two panels from a ZeRO or FSDP2 recompute table: blocks recomputed against the budget, one
+    line per value of ``key`` (a stage, an FSDP2 configuration); and the largest rank's measured
+    total peak against the budget (the diagonal is the budget itself: points under it fit)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
         "blocks recomputed", "largest rank's measured peak (MiB)"))
     planned = table[table["error"] == ""]
-    for stage, group in planned.groupby("stage"):
+    for value, group in planned.groupby(key, sort=False):
         rows = group.sort_values("budget_bytes")
+        label = escape(name(value))
         budget_mib = [v / _MIB for v in rows["budget_bytes"]]
         hover = [escape(b or "(none)") for b in rows["blocks"]]
-        fig.add_trace(go.Scatter(x=budget_mib, y=rows["n_blocks"], mode="lines+markers", name=f"ZeRO-{stage}",
-                                 text=hover, line={"shape": "hv"}, legendgroup=str(stage),
+        fig.add_trace(go.Scatter(x=budget_mib, y=rows["n_blocks"], mode="lines+markers", name=label,
+                                 text=hover, line={"shape": "hv"}, legendgroup=label,
                                  hovertemplate="%{text}<extra></extra>"), 1, 1)
         fig.add_trace(go.Scatter(x=budget_mib, y=[v / _MIB for v in rows["measured_peak_bytes"]],
-                                 mode="markers", name=f"ZeRO-{stage} peak", legendgroup=str(stage),
+                                 mode="markers", name=f"{label} peak", legendgroup=label,
                                  showlegend=False, text=hover), 1, 2)
     if len(table):
         low, high = table["budget_bytes"].min() / _MIB, table["budget_bytes"].max() / _MIB
         fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", line={"dash": "dash"},
                                  name="budget"), 1, 2)
     fig.update_xaxes(title_text="budget per rank, device total (MiB)")
-    fig.update_layout(title="Recompute plans under DeepSpeed ZeRO, one plan for all ranks", height=380,
-                      margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    fig.update_layout(title=title, height=380, margin={"l": 60, "r": 20, "t": 60, "b": 50})
     return fig
 
 

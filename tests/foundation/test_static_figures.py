@@ -202,8 +202,8 @@ def test_nbconvert_html_shows_the_figure(monkeypatch: pytest.MonkeyPatch) -> Non
 # every figure the package returns carries its static form. Exceptions name their reason.
 PLAIN_FIGURES_ALLOWED = {
     "core/static_figure.py": "defines StaticFigure",
-    "recompute/panel.py": "the optimize panel's module (another owner); its zero_recompute_figure is "
-    "shown through static_figure() by integrations/deepspeed/recompute.py",
+    "recompute/panel.py": "the optimize panel's module (another owner); its sharded_recompute_figure is "
+    "shown through static_figure() by the ZeRO and FSDP2 recompute results (integrations/*/recompute.py)",
 }
 
 

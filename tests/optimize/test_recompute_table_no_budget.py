@@ -1,4 +1,4 @@
-"""Without a budget the ZeRO and FSDP2 recompute results show the range a budget can take.
+"""The ZeRO and FSDP2 recompute results without a budget (the range a budget can take), and their figures.
 
 The per-rank rows are the shape ``plan_rows`` builds from every rank's result; the peaks are made up
 here (the cluster tests measure real ones), so what is checked is the reading, not a measurement.
@@ -44,3 +44,21 @@ def test_fsdp2_no_budget_lines_escape_the_config_label_in_html() -> None:
 def test_a_table_with_plans_has_no_budget_lines() -> None:
     table = pd.DataFrame([{"stage": 1, **dict.fromkeys(PLAN_COLUMNS, 0)}])
     assert no_budget_lines(table, _ranks("stage", [1]), "stage") == []
+
+
+def test_the_fsdp2_figure_has_a_line_per_config_and_the_budget_diagonal() -> None:
+    rows = [
+        {"config": config, **dict.fromkeys(PLAN_COLUMNS, 0), "budget_bytes": budget * 2**20, "error": "",
+         "blocks": "layers.0" if budget < 40 else "", "n_blocks": int(budget < 40),
+         "measured_peak_bytes": (budget - 2) * 2**20}
+        for config in ("<i>reshard</i>", "no reshard") for budget in (30, 45)
+    ]  # fmt: skip
+    ranks = _ranks("config", ["<i>reshard</i>", "no reshard"])
+    result = Fsdp2Recompute(table=pd.DataFrame(rows), ranks=ranks)
+    fig = result.figure()
+    names = [trace.name for trace in fig.data]
+    assert names == ["&lt;i&gt;reshard&lt;/i&gt;", "&lt;i&gt;reshard&lt;/i&gt; peak", "no reshard",
+                     "no reshard peak", "budget"]  # fmt: skip
+    assert list(fig.data[0].y) == [1, 0]  # one block recomputed at the lower budget
+    assert list(fig.data[-1].x) == [30.0, 45.0]
+    assert "FSDP2" in fig.layout.title.text

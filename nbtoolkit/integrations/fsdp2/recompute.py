@@ -64,6 +64,18 @@ class Fsdp2Recompute(Result):
     blocks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def figure(self) -> Any:
+        """Blocks chosen against the budget, one line per FSDP2 configuration; measured peaks against
+        the budget."""
+        from nbtoolkit.core.static_figure import static_figure
+        from nbtoolkit.recompute.panel import sharded_recompute_figure
+
+        return static_figure(
+            sharded_recompute_figure(
+                self.table, "config", str, "Recompute plans under FSDP2, one plan for all ranks"
+            )
+        )
+
     def _text(self) -> str:
         lines = [f"FSDP2 recompute plans: {len(self.table)} (config, budget) pairs; peaks: largest rank"]
         if len(self.table):
