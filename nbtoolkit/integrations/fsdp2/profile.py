@@ -172,7 +172,9 @@ class Fsdp2Overlap(Result):
 
     def collectives(self) -> pd.DataFrame:
         """Per rank and collective: calls per step, time and exposed time per step (µs)."""
-        calls = self.per_collective.assign(exposed_us=lambda f: f["dur_us"] - f["overlap_time_us"])
+        calls = self.per_collective.assign(
+            exposed_us=lambda f: f["dur_us"] - f["overlap_time_us"], collective=self._collective_names()
+        )
         grouped = calls.groupby(["rank", "collective"], as_index=False).agg(
             calls=("dur_us", "size"), time_us=("dur_us", "sum"), exposed_us=("exposed_us", "sum")
         )
@@ -181,11 +183,18 @@ class Fsdp2Overlap(Result):
         return grouped.rename(columns={"calls": "calls_per_step", "time_us": "time_us_per_step",
                                        "exposed_us": "exposed_us_per_step"})
 
+    def _collective_names(self) -> list[str]:
+        """One name per call whatever recorded it: NCCL's metadata (``_allgather_base``) and gloo's
+        (``all_gather``) both read ``all_gather`` (nccl-tests' names)."""
+        from nbtoolkit.trace.collective_bandwidth import normalize_collective
+
+        return [normalize_collective(str(name)) for name in self.per_collective["collective"]]
+
     def reading(self) -> str:
         exposed = float(self.overlap["exposed_comm_us"].mean()) / self.steps / 1e3
         total = float(self.overlap["comm_time_us"].mean()) / self.steps / 1e3
         pct = float(self.overlap["overlap_pct"].mean())
-        kinds = ", ".join(sorted(set(self.per_collective["collective"].astype(str))))
+        kinds = ", ".join(sorted(set(self._collective_names())))
         return (
             f"per step {total:.1f} ms of communication ({kinds}), {pct:.0f}% hidden behind computation: "
             f"{exposed:.1f} ms exposed (mean over {len(self.overlap)} ranks)"
