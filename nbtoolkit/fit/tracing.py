@@ -1,0 +1,304 @@
+"""One training step traced under fake tensors: live bytes by storage over time, and the step's FLOPs.
+
+The model and batch are built inside torch's ``FakeTensorMode``, so no parameter, activation or
+optimizer state takes memory: an 8-billion-parameter model traces on a laptop. The step is the
+real one (forward, loss, backward, ``optimizer.step()``), so the activations are what autograd
+really saves, not a formula per architecture.
+
+:class:`LiveBytes` is a ``TorchDispatchMode`` that sees every op's outputs. A storage is counted
+when an op first returns a tensor on it and freed when the last reference to it dies (a weak
+finalizer on the storage: torch keeps one Python object per storage alive as long as any tensor
+views it, so the finalizer fires exactly when the memory would be released). Each change is an
+event ``(storage key, +/-bytes, phase)``; which storages are parameters, gradients and optimizer
+state is known only after the step, so the events are classified then (:class:`StepTrace`).
+
+A model function that allocates real memory (``torch.from_numpy``, a tensor built before the call
+and captured) is refused with the user's file and line (:class:`RealAllocationGuard`).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbtoolkit.core.errors import NbtUsageError
+
+__all__ = ["StepTrace", "trace_step"]
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+#: a real tensor at least this large made under fake mode is refused (small constants are harmless)
+REAL_BYTES_LIMIT = 1 << 20
+
+
+@dataclass
+class StepTrace:
+    """What one fake step allocated, classified after the step.
+
+    ``events``: (storage key, signed bytes, phase) in order; ``parameter``, ``gradient``,
+    ``optimizer_state``, ``input`` and ``buffer``: storage key -> bytes of those storages;
+    ``block_parameter_bytes``: bytes of each repeated block's parameters (the unit that ZeRO-3
+    and FSDP2 gather); ``flops``: hardware FLOPs of the step (forward, backward, recompute)
+    by the dtype that carried them; ``parameter_count``.
+    """
+
+    events: list[tuple[int, int, str]] = field(default_factory=list)
+    parameter: dict[int, int] = field(default_factory=dict)
+    gradient: dict[int, int] = field(default_factory=dict)
+    optimizer_state: dict[int, int] = field(default_factory=dict)
+    input: dict[int, int] = field(default_factory=dict)
+    buffer: dict[int, int] = field(default_factory=dict)
+    block_parameter_bytes: list[int] = field(default_factory=list)
+    model_flops: int = 0
+    hardware_flops: int = 0
+    flops_dtype: str = "float32"
+    parameter_count: int = 0
+
+    def state_bytes(self, kind: str) -> int:
+        return int(sum(getattr(self, kind).values()))
+
+    def transient_timeline(self) -> list[tuple[str, int, int, int]]:
+        """Per event: (phase, gradient bytes live, forward/backward transient bytes live, optimizer
+        transient bytes live). Transients are every storage that is not a parameter, buffer,
+        input, gradient or optimizer state: saved activations and temporaries."""
+        state = set(self.parameter) | set(self.optimizer_state) | set(self.input) | set(self.buffer)
+        grads = self.gradient
+        born: dict[int, str] = {}
+        grad = fb = opt = 0
+        rows = []
+        for key, delta, phase in self.events:
+            if key in state:
+                continue
+            if delta > 0:
+                born[key] = phase
+            where = born.get(key, phase)
+            if key in grads:
+                grad += delta
+            elif where == "optimizer":
+                opt += delta
+            else:
+                fb += delta
+            rows.append((phase, grad, fb, opt))
+        return rows or [("forward", 0, 0, 0)]
+
+    def activation_bytes(self) -> int:
+        """Transient bytes still live when forward ended: what autograd saved for backward."""
+        last = 0
+        for phase, _grad, fb, _opt in self.transient_timeline():
+            if phase == "forward":
+                last = fb
+        return last
+
+
+def _user_line() -> str:
+    """``file:line`` of the innermost frame outside torch and nbtoolkit (the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith((_PACKAGE_DIR, "<frozen")) or "/torch/" in name or "/transformers/" in name):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown line"
+
+
+def _is_real(tensor: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(tensor, FakeTensor) and not tensor.is_meta
+
+
+def _make_guard() -> Any:
+    """A TorchFunctionMode that refuses a real tensor of REAL_BYTES_LIMIT or more made under fake mode."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    class RealAllocationGuard(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor) and _is_real(leaf):
+                    size = leaf.untyped_storage().nbytes()
+                    if size >= REAL_BYTES_LIMIT:
+                        raise NbtUsageError(
+                            f"{_user_line()}: {getattr(func, '__name__', func)} made a real tensor of "
+                            f"{size:,} bytes while nbt.fit builds the model without memory (fake tensors): "
+                            "create tensors with torch functions (torch.zeros, torch.randn, nn layers) "
+                            "inside make_model / make_batch, not from numpy or data loaded outside"
+                        )
+            return out
+
+    return RealAllocationGuard()
+
+
+def _make_live_bytes(trace: StepTrace, phase: list[str]) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    live: dict[int, int] = {}
+
+    def freed(key: int) -> None:
+        size = live.pop(key, 0)
+        if size:
+            trace.events.append((key, -size, phase[0]))
+
+    class LiveBytes(TorchDispatchMode):
+        """Counts each storage once, from the op that made it until its last reference dies."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    storage = leaf.untyped_storage()
+                    key = storage._cdata
+                    if key not in live:
+                        size = int(storage.nbytes())
+                        live[key] = size
+                        trace.events.append((key, size, phase[0]))
+                        weakref.finalize(storage, freed, key)
+            return out
+
+    return LiveBytes()
+
+
+def _storage_sizes(tensors: Sequence[Any]) -> dict[int, int]:
+    sizes: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        sizes[storage._cdata] = int(storage.nbytes())
+    return sizes
+
+
+def _split_batch(batch: Any) -> tuple[Any, Any]:
+    return batch if isinstance(batch, tuple) and len(batch) == 2 else (batch, None)
+
+
+def default_loss(out: Any, targets: Any) -> Any:
+    """The integrations' default loss: MSE against targets, else the output's mean square; a HF
+    output's ``loss`` (when the model computed one) or its ``logits``."""
+    import torch
+
+    if hasattr(out, "loss") and getattr(out, "loss", None) is not None:
+        return out.loss
+    if hasattr(out, "logits"):
+        out = out.logits
+    if targets is not None:
+        return torch.nn.functional.mse_loss(out.float(), targets.float())
+    return out.float().pow(2).mean()
+
+
+def trace_step(
+    make_model: Callable[[], Any],
+    make_batch: Callable[[int], Any],
+    *,
+    micro_batch: int,
+    recompute: str,
+    amp: str | None,
+    optimizer: str,
+    loss_fn: Callable[[Any, Any], Any] | None,
+    blocks: Sequence[str] | None,
+) -> StepTrace:
+    """Build the model and batch under fake tensors and trace one training step (see module doc)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nbtoolkit.fit.recompute_blocks import apply_recompute, block_modules
+    from nbtoolkit.metrics.flop_count import _make_counter
+
+    trace = StepTrace()
+    phase = ["build"]
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    with fake, _make_guard():
+        model = make_model()
+        if not isinstance(model, torch.nn.Module):
+            raise NbtUsageError(f"make_model must return a torch.nn.Module, got {type(model).__name__}")
+        _refuse_real_state(model)
+        batch = make_batch(micro_batch)
+        inputs, targets = _split_batch(batch)
+        if not isinstance(inputs, torch.Tensor) or _is_real(inputs):
+            got = "a real tensor" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            raise NbtUsageError(
+                "make_batch(micro_batch) must return tensors it builds inside the call (torch.randint, "
+                f"torch.randn, ...), as inputs or (inputs, targets); got {got}"
+            )
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise NbtUsageError("the model has no parameters that require grad: there is nothing to train")
+        modules = block_modules(model, blocks)
+        trace.block_parameter_bytes = [
+            sum(p.numel() * p.element_size() for p in m.parameters()) for m in modules
+        ]
+        if recompute == "all":
+            apply_recompute(modules)
+        trace.parameter_count = sum(p.numel() for p in params)
+        opt = _optimizer(optimizer, params)
+        trace.parameter = _storage_sizes(list(model.parameters()))
+        trace.buffer = _storage_sizes(list(model.buffers()))
+        trace.input = _storage_sizes([t for t in (inputs, targets) if isinstance(t, torch.Tensor)])
+        counter = _make_counter()
+        loss_of = loss_fn or default_loss
+        with _make_live_bytes(trace, phase), counter:
+            phase[0] = "forward"
+            with _autocast(amp):
+                out = model(inputs)
+                loss = loss_of(out, targets)
+            del out
+            phase[0] = "backward"
+            loss.backward()
+            del loss
+            gc.collect()
+            phase[0] = "optimizer"
+            opt.step()
+            trace.gradient = _storage_sizes([p.grad for p in params if p.grad is not None])
+            trace.optimizer_state = _storage_sizes(
+                [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+            )
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+    counts = counter.counts
+    trace.model_flops = counts.model_flops
+    trace.hardware_flops = counts.hardware_flops
+    dominant = counts.dominant()
+    trace.flops_dtype = dominant[1] if dominant else "float32"
+    del model, opt, params, inputs, targets, batch, modules
+    gc.collect()
+    return trace
+
+
+def _refuse_real_state(model: Any) -> None:
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if _is_real(tensor):
+                raise NbtUsageError(
+                    f"the model's {kind} {name!r} is a real tensor: make_model must build the model inside "
+                    "the call (nbt.fit runs it under fake tensors), not return a model built before it"
+                )
+
+
+def _optimizer(name: str, params: list[Any]) -> Any:
+    import torch
+
+    makers = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+    if name not in makers:
+        raise NbtUsageError(f"unknown optimizer {name!r}: use one of {sorted(makers)}")
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return makers[name](params, lr=1e-3)
+
+
+def _autocast(amp: str | None) -> Any:
+    import contextlib
+
+    import torch
+
+    if amp is None:
+        return contextlib.nullcontext()
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if amp not in dtypes:
+        raise NbtUsageError(f"unknown amp {amp!r}: use 'bf16', 'fp16' or None (full precision)")
+    return torch.autocast("cpu", dtype=dtypes[amp])
