@@ -5,9 +5,9 @@
     table.recommended    # the fastest predicted row that fits with the allocator margin
     table.verify(cluster, rows=[...])   # run rows on real ranks, measured peak beside predicted
 
-One fake step is traced per (micro-batch, recompute, amp) (:mod:`nbtoolkit.fit.tracing`); each
-strategy's per-rank memory follows from it (:mod:`nbtoolkit.fit.strategies`), and its time
-from a roofline (:mod:`nbtoolkit.fit.step_time`).
+One fake step is traced per (micro-batch, recompute, amp) (:mod:`nbtoolkit.capacity.tracing`); each
+strategy's per-rank memory follows from it (:mod:`nbtoolkit.capacity.strategies`), and its time
+from a roofline (:mod:`nbtoolkit.capacity.step_time`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nbtoolkit.capacity.cards import parse_devices
+from nbtoolkit.capacity.recompute_blocks import RECOMPUTE
+from nbtoolkit.capacity.result import FitResult, FitSetup
+from nbtoolkit.capacity.step_time import step_time
+from nbtoolkit.capacity.strategies import CATEGORIES, STRATEGIES, rank_memory
+from nbtoolkit.capacity.tracing import trace_step
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.fit.cards import parse_devices
-from nbtoolkit.fit.recompute_blocks import RECOMPUTE
-from nbtoolkit.fit.result import FitResult, FitSetup
-from nbtoolkit.fit.step_time import step_time
-from nbtoolkit.fit.strategies import CATEGORIES, STRATEGIES, rank_memory
-from nbtoolkit.fit.tracing import trace_step
 
 __all__ = ["ALLOCATOR_FRACTION", "RUNTIME_RESERVE", "fit"]
 

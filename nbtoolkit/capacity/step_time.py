@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nbtoolkit.fit.cards import Card
-from nbtoolkit.fit.strategies import communication_bytes
-from nbtoolkit.fit.tracing import StepTrace
+from nbtoolkit.capacity.cards import Card
+from nbtoolkit.capacity.strategies import communication_bytes
+from nbtoolkit.capacity.tracing import StepTrace
 
 __all__ = ["ASSUMPTIONS", "StepTime", "step_time"]
 

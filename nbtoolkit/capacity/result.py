@@ -6,11 +6,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nbtoolkit.capacity.cards import Card
+from nbtoolkit.capacity.step_time import ASSUMPTIONS
+from nbtoolkit.capacity.strategies import CATEGORIES
 from nbtoolkit.core.result import Result, escape, html_table
 from nbtoolkit.core.units import format_bytes, format_seconds
-from nbtoolkit.fit.cards import Card
-from nbtoolkit.fit.step_time import ASSUMPTIONS
-from nbtoolkit.fit.strategies import CATEGORIES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +60,7 @@ class FitResult(Result):
     def verify(self, cluster: Any, rows: Sequence[int] | None = None, *, steps: int = 2) -> Any:
         """Run ``rows`` (indexes of ``frame``; default the recommended row) for a few steps on the
         cluster's ranks and return the table with measured per-rank peaks beside the predicted ones."""
-        from nbtoolkit.fit.verify import verify_rows
+        from nbtoolkit.capacity.verify import verify_rows
 
         return verify_rows(self, cluster, rows, steps=steps)
 

@@ -115,7 +115,7 @@ def _lookup(name: str) -> Card:
             return card
     raise NbtUsageError(
         f"unknown card {name!r}: known cards are {', '.join(known_cards())}; for another card pass "
-        "nbtoolkit.fit.cards.Card(name=..., memory_bytes=..., flops={'bf16': ...}, intra_node_Bps=...)"
+        "nbtoolkit.capacity.cards.Card(name=..., memory_bytes=..., flops={'bf16': ...}, intra_node_Bps=...)"
     )
 
 

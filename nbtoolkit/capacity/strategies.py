@@ -1,6 +1,6 @@
 """Per-rank memory of each data-parallel strategy, from one traced step of the whole model.
 
-The trace (:mod:`nbtoolkit.fit.tracing`) is of one unsharded rank: its parameters, gradients,
+The trace (:mod:`nbtoolkit.capacity.tracing`) is of one unsharded rank: its parameters, gradients,
 optimizer state, and, at every allocation, the live gradients and transients (activations
 and temporaries). A strategy changes which of these a rank holds whole and which a 1/N
 shard of, and adds the buffers its collectives need. Per rank and strategy::
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nbtoolkit.capacity.tracing import StepTrace
 from nbtoolkit.core.errors import NbtUsageError
-from nbtoolkit.fit.tracing import StepTrace
 
 __all__ = ["CATEGORIES", "STRATEGIES", "RankMemory", "communication_bytes", "rank_memory"]
 

@@ -207,7 +207,7 @@ def trace_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from nbtoolkit.fit.recompute_blocks import apply_recompute, block_modules
+    from nbtoolkit.capacity.recompute_blocks import apply_recompute, block_modules
     from nbtoolkit.metrics.flop_count import _make_counter
 
     trace = StepTrace()
