@@ -20,7 +20,7 @@ from nbtoolkit.capacity.cards import parse_devices
 from nbtoolkit.capacity.recompute_blocks import RECOMPUTE
 from nbtoolkit.capacity.result import FitResult, FitSetup
 from nbtoolkit.capacity.step_time import step_time
-from nbtoolkit.capacity.strategies import CATEGORIES, STRATEGIES, rank_memory
+from nbtoolkit.capacity.strategies import CATEGORIES, STRATEGIES, ZERO_REDUCE_BUCKET, rank_memory
 from nbtoolkit.capacity.tracing import trace_step
 from nbtoolkit.core.errors import NbtUsageError
 
@@ -51,6 +51,7 @@ def fit(
     optimizer: str = "adamw",
     loss_fn: Callable[[Any, Any], Any] | None = None,
     blocks: Sequence[str] | None = None,
+    zero_bucket: int = ZERO_REDUCE_BUCKET,
 ) -> FitResult:
     """Predict per-rank peak memory and step time of every configuration (see the module doc).
 
@@ -58,6 +59,7 @@ def fit(
     ``(inputs, targets)``); both run under fake tensors here and for real on ranks in ``verify``.
     ``loss_fn(output, targets)`` defaults to the integrations' (MSE, or the output's mean square;
     a HF output's ``loss``). ``blocks``: the repeated blocks' names (default: found).
+    ``zero_bucket``: DeepSpeed's ``reduce_bucket_size`` (elements) for the ZeRO rows.
     """
     world, card = parse_devices(devices)
     strategies = _as_tuple(strategies, "strategies")
@@ -88,7 +90,7 @@ def fit(
         for strategy in strategies:
             if strategy in ("zero3", "fsdp2") and world > 1 and not trace.block_parameter_bytes:
                 _no_blocks(strategy)
-            memory = rank_memory(trace, strategy, world, precision)
+            memory = rank_memory(trace, strategy, world, precision, zero_bucket=zero_bucket)
             timing = step_time(trace, card, strategy, world, precision)
             margin = int(memory.total * ALLOCATOR_FRACTION) + RUNTIME_RESERVE
             needed = memory.total + margin
@@ -106,7 +108,7 @@ def fit(
                 "samples_per_s": world * mb / timing.total_s if timing.total_s > 0 else float("inf"),
             })
     setup = FitSetup(make_model=make_model, make_batch=make_batch, world=world, card=card,
-                     optimizer=optimizer, loss_fn=loss_fn, blocks=blocks,
+                     optimizer=optimizer, loss_fn=loss_fn, blocks=blocks, zero_bucket=zero_bucket,
                      parameter_count=next(iter(traces.values())).parameter_count)
     return FitResult.from_rows(rows, setup)
 

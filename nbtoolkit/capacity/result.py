@@ -30,6 +30,7 @@ class FitSetup:
     loss_fn: Callable[[Any, Any], Any] | None
     blocks: Sequence[str] | None
     parameter_count: int
+    zero_bucket: int
 
 
 @dataclass(repr=False)

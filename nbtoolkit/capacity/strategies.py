@@ -26,7 +26,9 @@ What each strategy holds, as the real implementations do (the ones ``FitResult.v
     are reduced through a bucket of ``reduce_bucket_size`` elements (DeepSpeed's 5e8 default).
 ``fsdp2`` (torch ``fully_shard`` per repeated block, AdamW over the shards)
     parameters, gradients and optimizer state as 1/N shards; the block that runs is gathered
-    (in bf16 under ``amp="bf16"``), and its whole gradient exists until it is reduce-scattered.
+    (in bf16 under ``amp="bf16"``), and its whole gradient exists until it is reduce-scattered;
+    backward prefetches the next block's gather and overlaps the previous one's reduce-scatter,
+    so two blocks of each are counted.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication_buckets",
 )
 
-#: DeepSpeed's default reduce_bucket_size (elements); the bucket never exceeds the model
+#: DeepSpeed's default reduce_bucket_size (elements)
 ZERO_REDUCE_BUCKET = 500_000_000
 
 
@@ -68,7 +70,9 @@ def _dtype_bytes(amp: str | None) -> int:
     return 2 if amp in ("bf16", "fp16") else 4
 
 
-def rank_memory(trace: StepTrace, strategy: str, world: int, amp: str | None) -> RankMemory:
+def rank_memory(
+    trace: StepTrace, strategy: str, world: int, amp: str | None, *, zero_bucket: int = ZERO_REDUCE_BUCKET
+) -> RankMemory:
     """Per-rank peak memory of ``strategy`` over ``world`` ranks (see the module doc)."""
     if strategy not in STRATEGIES:
         raise NbtUsageError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
@@ -100,14 +104,16 @@ def rank_memory(trace: StepTrace, strategy: str, world: int, amp: str | None) ->
         params, grads_at_peak = params * low, grads_at_peak * low
         master = 4 * count  # fp32 master copy of the partition (see the module doc)
         optimizer = optimizer + master
-        buckets = min(ZERO_REDUCE_BUCKET, count) * _dtype_bytes(amp) if n > 1 else 0
+        buckets = zero_bucket * _dtype_bytes(amp)  # allocated whole, also past the model's size
         if strategy == "zero3":
             params = params / n
             temporaries += 2 * largest_block * low  # the block running and the one prefetched
     elif strategy == "fsdp2":
         params = params / n
         gathered = largest_block * (_dtype_bytes(amp) / param_size)
-        temporaries += gathered + largest_block  # the gathered block and its whole gradient
+        # backward gathers the next block while one runs, and reduce-scatters the previous block's
+        # whole gradient while the current one is computed: two of each
+        temporaries += 2 * (gathered + largest_block)
     return RankMemory(
         parameters=int(params),
         gradients=int(grads_at_peak),

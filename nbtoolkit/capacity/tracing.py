@@ -135,17 +135,44 @@ def _make_guard() -> Any:
     return RealAllocationGuard()
 
 
-def _make_live_bytes(trace: StepTrace, phase: list[str]) -> Any:
+class _Live:
+    """Storages alive now: address -> (allocation id, bytes). An address is reused after a free,
+    so events carry the allocation id, unique over the step."""
+
+    def __init__(self) -> None:
+        self.by_address: dict[int, tuple[int, int]] = {}
+        self.next_id = 0
+
+    def key(self, tensor: Any) -> int:
+        """The allocation id of the storage under ``tensor`` (its negative address when it was made
+        before tracing started: parameters, inputs)."""
+        address = tensor.untyped_storage()._cdata
+        found = self.by_address.get(address)
+        return found[0] if found else -address
+
+    def sizes(self, tensors: Sequence[Any]) -> dict[int, int]:
+        return {self.key(t): int(t.untyped_storage().nbytes()) for t in tensors}
+
+    def existing(self, tensors: Sequence[Any]) -> dict[int, int]:
+        """Sizes of storages made before tracing (parameters, buffers, inputs), remembered so that
+        a view of them (a weight's transpose) is not counted as a new allocation."""
+        sizes = self.sizes(tensors)
+        for tensor in tensors:
+            address = tensor.untyped_storage()._cdata
+            self.by_address.setdefault(address, (-address, 0))
+        return sizes
+
+
+def _make_live_bytes(trace: StepTrace, phase: list[str], live: _Live) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    live: dict[int, int] = {}
-
-    def freed(key: int) -> None:
-        size = live.pop(key, 0)
-        if size:
-            trace.events.append((key, -size, phase[0]))
+    def freed(address: int, ident: int) -> None:
+        current = live.by_address.get(address)
+        if current is not None and current[0] == ident:
+            del live.by_address[address]
+            trace.events.append((ident, -current[1], phase[0]))
 
     class LiveBytes(TorchDispatchMode):
         """Counts each storage once, from the op that made it until its last reference dies."""
@@ -155,23 +182,16 @@ def _make_live_bytes(trace: StepTrace, phase: list[str]) -> Any:
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     storage = leaf.untyped_storage()
-                    key = storage._cdata
-                    if key not in live:
+                    address = storage._cdata
+                    if address not in live.by_address:
                         size = int(storage.nbytes())
-                        live[key] = size
-                        trace.events.append((key, size, phase[0]))
-                        weakref.finalize(storage, freed, key)
+                        live.next_id += 1
+                        live.by_address[address] = (live.next_id, size)
+                        trace.events.append((live.next_id, size, phase[0]))
+                        weakref.finalize(storage, freed, address, live.next_id)
             return out
 
     return LiveBytes()
-
-
-def _storage_sizes(tensors: Sequence[Any]) -> dict[int, int]:
-    sizes: dict[int, int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        sizes[storage._cdata] = int(storage.nbytes())
-    return sizes
 
 
 def _split_batch(batch: Any) -> tuple[Any, Any]:
@@ -237,12 +257,13 @@ def trace_step(
             apply_recompute(modules)
         trace.parameter_count = sum(p.numel() for p in params)
         opt = _optimizer(optimizer, params)
-        trace.parameter = _storage_sizes(list(model.parameters()))
-        trace.buffer = _storage_sizes(list(model.buffers()))
-        trace.input = _storage_sizes([t for t in (inputs, targets) if isinstance(t, torch.Tensor)])
+        live = _Live()
+        trace.parameter = live.existing(list(model.parameters()))
+        trace.buffer = live.existing(list(model.buffers()))
+        trace.input = live.existing([t for t in (inputs, targets) if isinstance(t, torch.Tensor)])
         counter = _make_counter()
         loss_of = loss_fn or default_loss
-        with _make_live_bytes(trace, phase), counter:
+        with _make_live_bytes(trace, phase, live), counter:
             phase[0] = "forward"
             with _autocast(amp):
                 out = model(inputs)
@@ -254,8 +275,8 @@ def trace_step(
             gc.collect()
             phase[0] = "optimizer"
             opt.step()
-            trace.gradient = _storage_sizes([p.grad for p in params if p.grad is not None])
-            trace.optimizer_state = _storage_sizes(
+            trace.gradient = live.sizes([p.grad for p in params if p.grad is not None])
+            trace.optimizer_state = live.sizes(
                 [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
             )
             opt.zero_grad(set_to_none=True)
