@@ -23,7 +23,9 @@ What each strategy holds, as the real implementations do (the ones ``FitResult.v
     (also when those are fp32), counted as optimizer state as DeepSpeed's docs do: with bf16,
     2 + 2 + 12 = 16 bytes per parameter over the stages. Stage 1 shards the optimizer state,
     2 the gradients too, 3 the parameters too (each block gathered while it runs). Gradients
-    are reduced through a bucket of ``reduce_bucket_size`` elements (DeepSpeed's 5e8 default).
+    are reduced through a bucket of ``reduce_bucket_size`` elements (DeepSpeed's 5e8 default), into a
+    partition buffer (stages 2 and 3) allocated whole. Stage 3 keeps gathered parameters until
+    ``stage3_max_live_parameters`` (1e9 elements) are live, so a smaller model stays gathered.
 ``fsdp2`` (torch ``fully_shard`` per repeated block, AdamW over the shards)
     parameters, gradients and optimizer state as 1/N shards; the block that runs is gathered
     (in bf16 under ``amp="bf16"``), and its whole gradient exists until it is reduce-scattered;
@@ -46,6 +48,8 @@ CATEGORIES = (
     "parameters", "gradients", "optimizer_state", "activations", "temporaries", "communication_buckets",
 )
 
+#: DeepSpeed's default stage3_max_live_parameters (elements)
+ZERO3_LIVE_PARAMETERS = 1_000_000_000
 #: DeepSpeed's default reduce_bucket_size (elements)
 ZERO_REDUCE_BUCKET = 500_000_000
 
@@ -105,9 +109,14 @@ def rank_memory(
         master = 4 * count  # fp32 master copy of the partition (see the module doc)
         optimizer = optimizer + master
         buckets = zero_bucket * _dtype_bytes(amp)  # allocated whole, also past the model's size
+        if strategy in ("zero2", "zero3"):
+            # the partition's gradient buffer (contiguous_gradients, on by default) is allocated whole
+            grads_at_peak += grads_whole * low / n
         if strategy == "zero3":
             params = params / n
-            temporaries += 2 * largest_block * low  # the block running and the one prefetched
+            # gathered parameters are released only past max_reuse_distance (1e9 by default), up to
+            # max_live_parameters (1e9 elements): a model below that stays gathered through backward
+            temporaries += min(count, ZERO3_LIVE_PARAMETERS) * _dtype_bytes(amp) - params
     elif strategy == "fsdp2":
         params = params / n
         gathered = largest_block * (_dtype_bytes(amp) / param_size)
