@@ -25,8 +25,6 @@ from nbtoolkit.core.units import format_bytes
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.capacity.result import FitResult
-
 __all__ = ["Verification", "verify_rows"]
 
 
@@ -61,7 +59,8 @@ class Verification(Result):
                 f"{html_table(self._display())}</div>")
 
 
-def verify_rows(fit: FitResult, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:
+def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:
+    """``fit``: the FitResult (not imported here: it imports this module to verify itself)."""
     import pandas as pd
 
     from nbtoolkit.capacity.recompute_blocks import checkpointed_model_fn
