@@ -163,10 +163,27 @@ class _Live:
         return sizes
 
 
+def _flop_formulas() -> dict[Any, Any]:
+    """torch's FLOP formulas by op, with the project's for CPU attention (metrics/flop_count.py)."""
+    from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+    from nbtoolkit.metrics.flop_count import _cpu_attention_formulas
+
+    return {**flop_registry, **{k: shape_wrapper(v) for k, v in _cpu_attention_formulas().items()}}
+
+
 def _make_live_bytes(trace: StepTrace, phase: list[str], live: _Live) -> Any:
+    """The dispatch mode that records live bytes, and counts FLOPs with torch's formulas.
+
+    FLOPs are counted here rather than under nbtoolkit's FlopCounterMode (metrics/flop_count.py):
+    its per-module attribution hooks keep a checkpointed block's recomputed tensors alive longer
+    than the real step does, which would inflate the traced memory of ``recompute="all"``."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
+
+    formulas = _flop_formulas()
+    by_dtype: dict[str, int] = {}
 
     def freed(address: int, ident: int) -> None:
         current = live.by_address.get(address)
@@ -178,7 +195,20 @@ def _make_live_bytes(trace: StepTrace, phase: list[str], live: _Live) -> Any:
         """Counts each storage once, from the op that made it until its last reference dies."""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            formula = formulas.get(func._overloadpacket)
+            if formula is not None:
+                flops = int(formula(*args, **kwargs, out_val=out))
+                # a forward re-run inside backward (grad mode on in the engine) is recomputation
+                recomputed = torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled()
+                trace.hardware_flops += flops
+                trace.model_flops += 0 if recomputed else flops
+                first = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor)), None)
+                if first is not None:
+                    dtype = str(first.dtype).removeprefix("torch.")
+                    by_dtype[dtype] = by_dtype.get(dtype, 0) + flops
+                    trace.flops_dtype = max(by_dtype, key=lambda d: by_dtype[d])
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     storage = leaf.untyped_storage()
@@ -228,7 +258,6 @@ def trace_step(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from nbtoolkit.capacity.recompute_blocks import apply_recompute, block_modules
-    from nbtoolkit.metrics.flop_count import _make_counter
 
     trace = StepTrace()
     phase = ["build"]
@@ -261,9 +290,8 @@ def trace_step(
         trace.parameter = live.existing(list(model.parameters()))
         trace.buffer = live.existing(list(model.buffers()))
         trace.input = live.existing([t for t in (inputs, targets) if isinstance(t, torch.Tensor)])
-        counter = _make_counter()
         loss_of = loss_fn or default_loss
-        with _make_live_bytes(trace, phase, live), counter:
+        with _make_live_bytes(trace, phase, live):
             phase[0] = "forward"
             with _autocast(amp):
                 out = model(inputs)
@@ -281,11 +309,6 @@ def trace_step(
             )
             opt.zero_grad(set_to_none=True)
             gc.collect()
-    counts = counter.counts
-    trace.model_flops = counts.model_flops
-    trace.hardware_flops = counts.hardware_flops
-    dominant = counts.dominant()
-    trace.flops_dtype = dominant[1] if dominant else "float32"
     del model, opt, params, inputs, targets, batch, modules
     gc.collect()
     return trace
