@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="the Llama config comes from transformers")
 
-LLAMA_3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "intermediate_size": 14336, "vocab_size": 128256}
+LLAMA_3_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
 
 
 def make_llama() -> Any:

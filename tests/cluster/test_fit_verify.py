@@ -44,9 +44,12 @@ def test_mlp_stack_predicted_within_tolerance_of_measured(cluster: Any) -> None:
     import nbtoolkit as nbt
 
     # small DeepSpeed buckets, so that parameters, state and activations decide the peak, not the bucket
-    fit = nbt.fit(mlp_stack, mlp_batch, (2, "H100-80GB"), strategies=("ddp", "zero2", "zero3", "fsdp2"),
+    fit = nbt.fit(mlp_stack, mlp_batch, (2, "H100-80GB"), strategies=("ddp", "zero3", "fsdp2"),
                   recompute=("none", "all"), micro_batches=(512,), amp=None, zero_bucket=100_000)
-    _check(fit.verify(cluster, rows=list(fit.frame.index)))
+    rows = fit.frame
+    # every strategy without recompute, and FSDP2 with every block recomputed (the file stays short)
+    chosen = list(rows.index[(rows["recompute"] == "none") | (rows["strategy"] == "fsdp2")])
+    _check(fit.verify(cluster, rows=chosen, steps=1))
 
 
 def test_hf_decoder_predicted_within_tolerance_of_measured(cluster: Any) -> None:
@@ -54,7 +57,7 @@ def test_hf_decoder_predicted_within_tolerance_of_measured(cluster: Any) -> None
 
     fit = nbt.fit(tiny_llama, llama_batch, (2, "H100-80GB"), strategies=("ddp", "zero3", "fsdp2"),
                   recompute="none", micro_batches=(8,), amp=None, loss_fn=llama_loss, zero_bucket=100_000)
-    _check(fit.verify(cluster, rows=list(fit.frame.index)))
+    _check(fit.verify(cluster, rows=list(fit.frame.index), steps=1))
 
 
 def test_verify_refuses_a_cluster_of_another_size(cluster: Any) -> None:
