@@ -65,15 +65,11 @@ def time_and_profile_on_rank(
         peak = int(torch.cuda.max_memory_allocated())
     else:
         doc = json.loads(gzip.decompress(profiled["trace_gz"]))
-        events = [
-            e["args"] for e in doc.get("traceEvents", [])
+        growth = [
+            int(e["args"].get("Total Allocated", 0))
+            for e in doc.get("traceEvents", [])
             if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
         ]
-        # The profiler's CPU "Total Allocated" is a process-wide running count that never hears of
-        # frees of what an earlier profiling session allocated, so it drifts up from run to run:
-        # growth is counted from its value before the first event of this session.
-        start = int(events[0].get("Total Allocated", 0)) - int(events[0].get("Bytes", 0)) if events else 0
-        growth = [int(e.get("Total Allocated", 0)) - start for e in events]
         peak = base + max([0, *growth])
     return {
         "step_times_s": times,
