@@ -71,6 +71,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "critical_path": "nbtoolkit.trace.critical_path_analysis",
     "critical_path_by_rank": "nbtoolkit.trace.critical_path_analysis",
     "export_memory_snapshot": "nbtoolkit.memory.snapshot_export",
+    "fit": "nbtoolkit.capacity.api",
     "idle_breakdown": "nbtoolkit.trace.api",
     "kernel_breakdown": "nbtoolkit.trace.api",
     "load_compile_log": "nbtoolkit.compile.log_reader",

@@ -23,6 +23,7 @@ def load_subcommands() -> None:
     global _loaded
     if _loaded:
         return
+    import nbtoolkit.capacity.magic
     import nbtoolkit.cluster.magic
     import nbtoolkit.compile.magic
     import nbtoolkit.memory.magic

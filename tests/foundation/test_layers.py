@@ -35,6 +35,7 @@ NEEDS: dict[str, set[str]] = {
     "cluster": {"trace", "memory", "compile", "metrics"},
     "integrations": {"cluster", "recompute", "trace", "memory", "compile"},
     "reporting": set(),
+    "capacity": {"recompute", "metrics", "integrations"},
 }
 TOP = {"nbtoolkit", "nbtoolkit.magic_dispatch"}  # the package's __init__ and the magic dispatcher wire it all
 REVIEW_LINES = 600

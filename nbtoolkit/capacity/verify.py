@@ -1,0 +1,130 @@
+"""``FitResult.verify``: run chosen rows on real ranks and put the measured per-rank peak beside the
+predicted one.
+
+Each row runs for a few steps on every rank of the cluster with the real strategy
+(:mod:`nbtoolkit.capacity.verify_rank`); the measured peak is the largest rank's. Compared with
+the prediction *before* the allocator margin (CPU ranks have no caching allocator and no CUDA
+context: the margin is for GPUs), and for DDP without its reducer's buckets: they are allocated by
+C++ when DDP is built, before the measured steps, and no Python object holds them, so the CPU
+measurement (live Python tensors, then the profiler's allocations) cannot see them; on GPUs the
+allocator does. Rows in bf16 are refused: the CPU ranks' steps run in the
+model's own precision, as the integrations do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nbtoolkit.core.errors import NbtUsageError
+from nbtoolkit.core.measure_config import MeasureConfig
+from nbtoolkit.core.result import Result, escape, html_table
+from nbtoolkit.core.units import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Verification", "verify_rows"]
+
+
+class Verification(Result):
+    """``frame``: the verified rows with ``compared_bytes`` (the prediction the measurement can see),
+    ``measured_peak_bytes`` (largest rank), the per-rank peaks, and ``error``
+    ((compared - measured) / measured)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def _display(self) -> pd.DataFrame:
+        import pandas as pd
+
+        f = self.frame
+        return pd.DataFrame({
+            "strategy": f["strategy"], "recompute": f["recompute"], "micro batch": f["micro_batch"],
+            "predicted": [format_bytes(v) for v in f["compared_bytes"]],
+            "measured": [format_bytes(v) for v in f["measured_peak_bytes"]],
+            "error": [f"{e:+.1%}" for e in f["error"]],
+        })
+
+    def reading(self) -> str:
+        worst = self.frame["error"].abs().max()
+        return f"{len(self.frame)} rows run on real ranks; predicted peaks within {worst:.1%} of measured"
+
+    def _text(self) -> str:
+        return f"Verification: {self.reading()}\n{self._display().to_string(index=False)}"
+
+    def _html(self) -> str:
+        return (f"<div class='nbt-fit'><b>Verification</b>: {escape(self.reading())}"
+                f"{html_table(self._display())}</div>")
+
+
+def _peak_bytes(result: dict[str, Any]) -> int:
+    """A rank's peak as :func:`~nbtoolkit.integrations.rank_measure.time_and_profile_on_rank` measures
+    it (GPU: the allocator's peak; CPU: live tensors when profiling starts plus the profiler's
+    highest "Total Allocated"), with one correction on CPU: that total is a process-wide running
+    count that never hears of frees of what an earlier profiling session allocated, so it drifts up
+    from one configuration to the next on the same ranks (+10 MiB a row on the MLP stack). Here the
+    growth is counted from its value before this session's first event, read from the same trace."""
+    import gzip
+    import json
+
+    events = [
+        e["args"] for e in json.loads(gzip.decompress(result["trace_gz"])).get("traceEvents", [])
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+    ]
+    if not events:  # a GPU rank (profiled without memory events: its peak is the allocator's)
+        return int(result["peak_bytes"])
+    start = int(events[0].get("Total Allocated", 0)) - int(events[0].get("Bytes", 0))
+    growth = max(0, *(int(e.get("Total Allocated", 0)) - start for e in events))
+    return int(result["state_bytes"]) + growth
+
+
+def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:
+    """``fit``: the FitResult (not imported here: it imports this module to verify itself)."""
+    import pandas as pd
+
+    from nbtoolkit.capacity.recompute_blocks import checkpointed_model_fn
+    from nbtoolkit.capacity.tracing import default_loss
+    from nbtoolkit.capacity.verify_rank import batch_for_rank, measure_on_rank
+
+    setup = fit.setup
+    if rows is None:
+        best = fit.frame.index[fit.frame["recommended"]]
+        if best.empty:
+            raise NbtUsageError("no row fits, so there is no recommended row to verify: pass rows=[...]")
+        rows = list(best)
+    if cluster.world_size != setup.world:
+        raise NbtUsageError(
+            f"the prediction is for {setup.world} ranks and the cluster has {cluster.world_size}: "
+            f"predict for devices=({cluster.world_size}, card) to verify on it"
+        )
+    measure = MeasureConfig(steps=steps, warmup=1)
+    loss_fn = setup.loss_fn or default_loss
+    out = []
+    for index in rows:
+        row = fit.frame.loc[index]
+        if row["amp"] != "fp32":
+            raise NbtUsageError(
+                f"row {index} is in {row['amp']}: verify runs rows in full precision (amp=None) on CPU ranks"
+            )
+        model_fn = setup.make_model
+        if row["recompute"] == "all":
+            model_fn = checkpointed_model_fn(model_fn, setup.blocks)
+        batch_fn = functools.partial(batch_for_rank, setup.make_batch, int(row["micro_batch"]))
+        strategy, micro, blocks = str(row["strategy"]), int(row["micro_batch"]), setup.blocks
+        bucket = setup.zero_bucket
+        results = cluster.run(functools.partial(
+            measure_on_rank, strategy, model_fn, batch_fn, micro_batch=micro, measure=measure,
+            loss_fn=loss_fn, blocks=blocks, zero_bucket=bucket,
+        ))
+        peaks = [_peak_bytes(r) for r in results]
+        measured = max(peaks)
+        predicted = int(row["predicted_peak_bytes"])
+        if strategy == "ddp":
+            predicted -= int(row["communication_buckets_bytes"])  # see the module doc
+        out.append({**row.to_dict(), "compared_bytes": predicted, "measured_peak_bytes": measured,
+                    "measured_per_rank": peaks,
+                    "measured_state_bytes": max(int(r["state_bytes"]) for r in results),
+                    "error": (predicted - measured) / measured if measured else float("nan")})
+    return Verification(pd.DataFrame(out))
