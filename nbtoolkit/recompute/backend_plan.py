@@ -1,6 +1,6 @@
 """A :class:`~nbtoolkit.recompute.plan.RecomputePlan` with per-block choices, made by the backend
-planner (``nbtoolkit.recompute.backend_planner``): built from its measurements, applied to a model,
-and written out per block (what is saved, recomputed or offloaded, and why).
+planner (``nbtoolkit.recompute.backend_planner``, which builds it): applied to a model, and written
+out per block (what is saved, recomputed or offloaded, and why).
 
 The plan keeps the fields every plan has, so the panel, ``best_for`` and saving work as before:
 ``blocks`` are the fully recomputed blocks, ``candidates.saved_bytes`` / ``recompute_time_s`` what
@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.units import format_bytes, format_seconds
-from nbtoolkit.recompute.choice_solver import predict_choice_peak
 from nbtoolkit.recompute.selective import SAVED_OP_NAMES
 
 if TYPE_CHECKING:
-    from nbtoolkit.recompute.backend_planner import BackendPlanner, Measured
     from nbtoolkit.recompute.handle import Applied
-    from nbtoolkit.recompute.plan import RecomputePlan
 
-__all__ = ["apply_backend_plan", "build_plan", "choice_lines", "summary_lines"]
+#: A RecomputePlan (not imported: ``nbtoolkit.recompute.plan`` imports this module).
+RecomputePlan = Any
+
+__all__ = ["apply_backend_plan", "choice_lines", "summary_lines"]
 
 _WHAT = {
     "keep": "kept (every activation saved)",
@@ -30,107 +30,6 @@ _WHAT = {
     "full": "recomputed (only its inputs kept)",
     "offload": "offloaded (saved activations in host memory)",
 }
-
-
-def build_plan(
-    planner: BackendPlanner,
-    choices: list[str],
-    *,
-    measured: Measured,
-    budget: int,
-    base: Measured,
-    notes: list[str],
-    route: str,
-    fraction: float | None,
-    front: list[list[str]],
-) -> RecomputePlan:
-    import pandas as pd
-
-    from nbtoolkit.recompute.plan import RecomputePlan
-
-    saved, cost = planner.measured_table()
-    names = planner.candidates.names
-    modules = [type(m).__name__ for m in planner.candidates.blocks.values()]
-    why = [_why(choices[i], saved[i], cost[i], route, fraction) for i in range(len(names))]
-    candidates = pd.DataFrame({
-        "block": names,
-        "module": modules,
-        "saved_bytes": [round(s.get("full", 0)) for s in saved],
-        "recompute_time_s": [float(c.get("full", 0.0)) for c in cost],
-        "recompute_time_p25_s": [float(c.get("full", 0.0)) for c in cost],
-        "recompute_time_p75_s": [float(c.get("full", 0.0)) for c in cost],
-        "forward_time_s": [0.0] * len(names),
-        "chosen": [c == "full" for c in choices],
-        "selective_saved_bytes": [round(s.get("selective", 0)) for s in saved],
-        "selective_time_s": [float(c.get("selective", 0.0)) for c in cost],
-        "choice": list(choices),
-        "why": why,
-    })
-    rows = [
-        {
-            "predicted_peak_bytes": predict_choice_peak(base.peak_bytes, saved, plan),
-            "predicted_overhead_s": _overhead(cost, plan),
-            "predicted_overhead_p25_s": _overhead(cost, plan),
-            "predicted_overhead_p75_s": _overhead(cost, plan),
-            "n_blocks": sum(c != "keep" for c in plan),
-            "blocks": ",".join(n for n, c in zip(names, plan, strict=True) if c == "full"),
-            "choices": ",".join(f"{n}:{c}" for n, c in zip(names, plan, strict=True) if c != "keep"),
-        }
-        for plan in front
-    ]
-    if route == "partitioner":
-        predicted_peak = measured.peak_bytes
-        overhead = max(0.0, measured.step_time_s - base.step_time_s)
-    else:
-        predicted_peak = predict_choice_peak(base.peak_bytes, saved, choices)
-        overhead = _overhead(cost, choices)
-    return RecomputePlan(
-        blocks=[n for n, c in zip(names, choices, strict=True) if c == "full"],
-        budget_bytes=int(budget),
-        predicted_peak_bytes=int(predicted_peak),
-        predicted_overhead_s=overhead,
-        predicted_overhead_p25_s=overhead,
-        predicted_overhead_p75_s=overhead,
-        baseline_peak_bytes=int(base.peak_bytes),
-        baseline_step_time_s=float(base.step_time_s),
-        candidates=candidates,
-        tradeoff=pd.DataFrame(rows),
-        phases=pd.DataFrame(
-            {"phase": [0], "baseline_bytes": [int(base.peak_bytes)], "alive": [tuple(names)]}
-        ),
-        measured_peak_bytes=int(measured.peak_bytes),
-        solver=f"per-block choice ILP (PuLP + CBC), every setting measured under {planner.backend}",
-        notes=list(notes),
-        fixed_bytes=0,
-        budget_kind="total" if planner.total else "step",
-        choices=dict(zip(names, choices, strict=True)),
-        backend=planner.backend,
-        route=route,
-        activation_memory_budget=fraction,
-        measured_step_time_s=float(measured.step_time_s),
-    )
-
-
-def _overhead(cost: list[dict[str, float]], choices: list[str]) -> float:
-    return float(sum(cost[i].get(c, 0.0) for i, c in enumerate(choices)))
-
-
-def _why(
-    choice: str, saved: dict[str, float], cost: dict[str, float], route: str, fraction: float | None
-) -> str:
-    """One block's line: what it does and what that saves and costs (measured), against the others."""
-    if route == "partitioner":
-        return f"torch's partitioner decides what to save (activation_memory_budget={fraction:.3f})"
-    options = "; ".join(
-        f"{c} saves {format_bytes(round(saved[c]))} for +{format_seconds(cost.get(c, 0.0))}"
-        for c in saved if c != choice
-    )
-    if choice == "keep":
-        return f"the budget is met without it ({options})"
-    return (
-        f"saves {format_bytes(round(saved.get(choice, 0)))} for +{format_seconds(cost.get(choice, 0.0))}"
-        + (f" ({options})" if options else "")
-    )
 
 
 def apply_backend_plan(plan: RecomputePlan, model: Any) -> Applied:
