@@ -23,7 +23,9 @@ fastest of them: load only ever adds time):
 3. **Solve**: the exact per-block choice ILP of ``nbtoolkit.recompute.choice_solver`` (each block
    exactly one choice, the fastest plan whose predicted peak fits).
 4. **Verify**: the chosen setting is measured; while its peak is over the budget, re-solve with the
-   budget lowered by the overshoot (three times at most).
+   budget lowered by the overshoot (three times at most). Savings need not add up exactly under a
+   compiler, so up to :data:`FRONT_TRIES` more plans of the trade-off front are measured: the
+   cheaper ones when the chosen plan fits (the fastest that fits wins), the lowest ones when not.
 5. **Partitioner route** (under compile, backends with the min-cut partitioner, ``route`` "auto"
    or "partitioner"): torch's ``activation_memory_budget`` (a fraction 0..1) is searched by
    bisection against the *measured* peak for the highest fraction that fits, in
@@ -70,6 +72,8 @@ ROUTES = ("auto", "blocks", "partitioner")
 #: Halvings of the partitioner search between the fraction 0 and 1 (after probing 0).
 BISECTION_STEPS = 3
 _VERIFY_ATTEMPTS = 3
+#: More plans of the front measured after the ILP's (``BackendPlanner._front_walk``).
+FRONT_TRIES = 2
 _WARMUP = 2
 #: Backends whose partitioner honours activation_memory_budget (the min-cut partitioner).
 _MIN_CUT_BACKENDS = ("inductor", "aot_eager_decomp_partition")
@@ -289,6 +293,29 @@ class BackendPlanner:
                 f"the budget lowered by {format_bytes(max(overshoot, 1024))}"
             )
             target -= max(overshoot, 1024)
+        return self._front_walk(best, budget, base)
+
+    def _front_walk(
+        self, best: tuple[list[str], Measured, None] | None, budget: int, base: Measured
+    ) -> tuple[list[str], Measured, None] | None:
+        """Savings need not add up exactly under a compiler: measure up to :data:`FRONT_TRIES` more
+        plans of the trade-off front. When the ILP's plan fits, the cheaper ones (most saving first),
+        kept if they measure under the budget and faster; when it does not, the lowest ones."""
+        saved, cost = self.table()
+        front = choice_front(base.peak_bytes, saved, cost)[1:]  # without "keep everything"
+        if best is not None and best[1].peak_bytes <= budget:
+            chosen = _overhead(cost, best[0])
+            tries = sorted(
+                (p for p in front if _overhead(cost, p) < chosen),
+                key=lambda p: predict_choice_peak(base.peak_bytes, saved, p),
+            )
+        else:
+            tries = sorted(front, key=lambda p: predict_choice_peak(base.peak_bytes, saved, p))
+        for choices in tries[:FRONT_TRIES]:
+            got = self.measure(choices)
+            better = best is None or best[1].peak_bytes > budget or got.step_time_s < best[1].step_time_s
+            if got.peak_bytes <= budget and better:
+                best = (choices, got, None)
         return best
 
     def _partitioner_plan(self, budget: int, notes: list[str]) -> tuple[list[str], Measured, float] | None:
