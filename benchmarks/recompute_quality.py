@@ -20,12 +20,17 @@ of its rounds (load only ever adds time, so the minimum is the configuration's o
 Printed: the ratio of each strategy's measured step time to the brute-force best. Target:
 plan within 5%.
 
-Then torch's own ``activation_memory_budget`` (``torch._functorch.config``; a relative budget
-0..1 of the activation memory, honoured by the min-cut partitioner of torch.compile) is
-compared with nbtoolkit's plan under the same backend (``aot_eager_decomp_partition``, which
-uses that partitioner without Inductor's code generation): for each relative budget we
-measure torch's peak (the device total) and step time, then give nbtoolkit that measured total
-as its budget.
+Then (issue 36) torch's own ``activation_memory_budget`` (``torch._functorch.config``; a fraction
+0..1 of the activation memory, honoured by torch.compile's min-cut partitioner) against nbtoolkit's
+plans at equal absolute budgets, on three Hugging Face models with random weights (Llama, GPT-2 and
+a ViT from transformers: timm is not installable here), eager and compiled
+(``aot_eager_decomp_partition``: the partitioner Inductor uses, without Inductor's code generation,
+which takes minutes per graph on 2 CPU cores). The budgets are torch's measured peaks at fractions
+0.5 and 0.2. Per budget: nbtoolkit's measured peak (must be <= the budget), its step time against
+torch's, against the fastest block subset that fits (brute force, every subset measured), and five
+budgets whose measured peaks must never rise as the budget falls. Every setting is measured by the
+planner's own measurement (``BackendPlanner.measure``), torch's too. ``--versus-torch-only`` runs
+only this part, ``--write`` stores it in ``benchmarks/results/recompute_quality.json``.
 
 Run: ``.venv/bin/python benchmarks/recompute_quality.py`` (about 3-6 minutes on 2 busy cores).
 """
@@ -249,20 +254,6 @@ TORCH_FRACTIONS = (0.5, 0.2)  # torch's activation_memory_budget; their measured
 BACKEND = {"backend": "aot_eager_decomp_partition"}
 
 
-def torch_reference(make_model: Any) -> list[tuple[float, Any]]:
-    """Torch's activation_memory_budget at each of TORCH_FRACTIONS, compiled (it exists only under
-    compile): (fraction, measured peak and time), measured as the planner measures its settings."""
-    from nbtoolkit.recompute.backend_planner import BackendPlanner
-    from nbtoolkit.recompute.blocks import candidate_blocks
-
-    model, step = make_model()
-    step()
-    candidates = candidate_blocks(model, None)
-    reference = BackendPlanner(model, step, candidates, compile_options=BACKEND, steps=STEPS)
-    keep = ["keep"] * len(candidates.names)
-    return [(f, reference.measure(keep, f)) for f in TORCH_FRACTIONS]
-
-
 STEPS = 3
 
 
@@ -285,8 +276,11 @@ def versus_torch(
         model, step, candidates, compile_options=BACKEND if compiled else None, steps=STEPS, route="auto"
     )
     keep = ["keep"] * len(candidates.names)
+    if compiled:  # torch's own budget, measured by this very planner: equal settings, equal numbers
+        torch_rows.extend((f, planner.measure(keep, f)) for f in TORCH_FRACTIONS)
     base = planner.measure(keep)
-    combos = list(itertools.product(("keep", "selective", "full"), repeat=len(keep)))
+    # brute force over block subsets (each block kept or fully recomputed), every subset measured
+    combos = list(itertools.product(("keep", "full"), repeat=len(keep)))
     brute = {c: planner.measure(list(c)) for c in combos}
     rows = []
     for fraction, torch_result in torch_rows:
@@ -332,7 +326,7 @@ def versus_torch(
     }
 
 
-def print_versus(result: dict[str, Any]) -> None:
+def print_versus(result: dict[str, Any], *, flush: bool = False) -> None:
     mib = 2**20
     print(f"\n{result['model']} {result['mode']}: {result['blocks']} blocks, baseline "
           f"{result['baseline_peak'] / mib:.2f} MiB in {result['baseline_time_s'] * 1e3:.1f} ms")
@@ -351,28 +345,38 @@ def print_versus(result: dict[str, Any]) -> None:
     pairs = zip(result["five_budgets"], result["five_peaks"], strict=True)
     shown = ", ".join(f"{b / mib:.2f}->{p / mib:.2f}" for b, p in pairs)
     print(f"  five budgets (MiB budget->peak): {shown}; monotone {result['monotone']}, "
-          f"within budget {result['five_within_budget']}")
+          f"within budget {result['five_within_budget']}", flush=flush)
 
 
 def versus_torch_all(output: str | None) -> None:
+    from nbtoolkit.recompute import backend_planner
+
+    backend_planner.BISECTION_STEPS = 2  # each probe of torch's budget compiles afresh: 2 busy cores
+    results: list[dict[str, Any]] = []
+    for name, make_model in hf_models().items():
+        torch_rows: list[tuple[float, Any]] = []  # filled by the compiled run, used by the eager one
+        for compiled in (True, False):
+            result = versus_torch(name, make_model, compiled=compiled, torch_rows=torch_rows)
+            print_versus(result, flush=True)
+            results.append(result)
+            torch._dynamo.reset()
+            _write(output, results)  # after each run: what finished is kept if the rest is cut off
+
+
+def _write(output: str | None, results: list[dict[str, Any]]) -> None:
     import json
     import platform
 
-    results = []
-    for name, make_model in hf_models().items():
-        torch_rows = torch_reference(make_model)
-        for compiled in (False, True):
-            result = versus_torch(name, make_model, compiled=compiled, torch_rows=torch_rows)
-            print_versus(result)
-            results.append(result)
-            torch._dynamo.reset()
     if output:
         document = {
             "what": (
                 "nbtoolkit's recomputation plans vs torch's activation_memory_budget at equal absolute "
                 "budgets (torch's measured peaks at fractions 0.5 and 0.2), HF Llama / GPT-2 / ViT "
-                "(transformers, random weights, 2 layers, hidden 64); brute force over keep/selective/"
-                "full per block; five budgets for monotonicity. Times: processor time, fastest of 3 steps."
+                "(transformers, random weights, 2 layers, hidden 64; a transformers ViT, timm is not "
+                "installable here); brute force over block subsets (kept or fully recomputed); five "
+                "budgets for monotonicity. Torch's budget is measured compiled (it exists only under "
+                "compile); the eager rows use the same budgets. Times: processor time, fastest of 3 "
+                "steps, on 2 shared cores under heavy load (load average about 10): noisy."
             ),
             "machine": (
                 f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), CPU only, shared cores"
