@@ -75,6 +75,13 @@ then, one more profiled step measures the peak as the user runs it, which the pl
 note gives next to the numbers without it.
 Steps run for real: the optimizer updates the weights, as in your training loop.
 
+**Under torch.compile** (``compile=...``) or with ``selective=True`` the plan is made by
+``nbtoolkit.recompute.backend_planner`` instead: every setting measured as a whole step with the
+backend applied (a compiled graph hides the phases above), each block kept, selectively
+recomputed or fully recomputed, and torch's own ``activation_memory_budget`` searched as a second
+route; :func:`plan_recompute_budgets` plans several budgets with peaks that never rise as the
+budget falls.
+
 Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
 process on a CPU-only machine.
 """
