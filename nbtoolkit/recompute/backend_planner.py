@@ -24,8 +24,10 @@ fastest of them: load only ever adds time):
    exactly one choice, the fastest plan whose predicted peak fits).
 4. **Verify**: the chosen setting is measured; while its peak is over the budget, re-solve with the
    budget lowered by the overshoot (three times at most). Savings need not add up exactly under a
-   compiler, so up to :data:`FRONT_TRIES` more plans of the trade-off front are measured: the
-   cheaper ones when the chosen plan fits (the fastest that fits wins), the lowest ones when not.
+   compiler (nor in eager mode, where one block's recomputation can move the peak), so up to
+   :data:`FRONT_TRIES` more settings are measured: the plan with one block stepped down
+   (full -> selective -> keep) when the chosen plan fits (kept if it still fits and runs faster),
+   the front's lowest plans when it does not.
 5. **Partitioner route** (under compile, backends with the min-cut partitioner, ``route`` "auto"
    or "partitioner"): torch's ``activation_memory_budget`` (a fraction 0..1) is searched by
    bisection against the *measured* peak for the highest fraction that fits, in
@@ -73,7 +75,7 @@ ROUTES = ("auto", "blocks", "partitioner")
 BISECTION_STEPS = 3
 _VERIFY_ATTEMPTS = 3
 #: More plans of the front measured after the ILP's (``BackendPlanner._front_walk``).
-FRONT_TRIES = 2
+FRONT_TRIES = 3
 _WARMUP = 2
 #: Backends whose partitioner honours activation_memory_budget (the min-cut partitioner).
 _MIN_CUT_BACKENDS = ("inductor", "aot_eager_decomp_partition")
@@ -298,20 +300,29 @@ class BackendPlanner:
     def _front_walk(
         self, best: tuple[list[str], Measured, None] | None, budget: int, base: Measured
     ) -> tuple[list[str], Measured, None] | None:
-        """Savings need not add up exactly under a compiler: measure up to :data:`FRONT_TRIES` more
-        plans of the trade-off front. When the ILP's plan fits, the cheaper ones (most saving first),
-        kept if they measure under the budget and faster; when it does not, the lowest ones."""
+        """Savings need not add up exactly (a compiler, or where the peak falls), so up to
+        :data:`FRONT_TRIES` more settings are measured. When the ILP's plan fits: the plan with one
+        block stepped down (full -> selective, selective or offload -> keep), the step that gave up
+        the least saving first, kept when it still measures under the budget and runs faster (then
+        stepping down from there). When it does not fit: the front's lowest plans."""
         saved, cost = self.table()
-        front = choice_front(base.peak_bytes, saved, cost)[1:]  # without "keep everything"
+        tries = 0
         if best is not None and best[1].peak_bytes <= budget:
-            chosen = _overhead(cost, best[0])
-            tries = sorted(
-                (p for p in front if _overhead(cost, p) < chosen),
-                key=lambda p: predict_choice_peak(base.peak_bytes, saved, p),
-            )
-        else:
-            tries = sorted(front, key=lambda p: predict_choice_peak(base.peak_bytes, saved, p))
-        for choices in tries[:FRONT_TRIES]:
+            improved = True
+            while improved and tries < FRONT_TRIES:
+                improved = False
+                for variant in _stepped_down(best[0], saved):
+                    if tries >= FRONT_TRIES:
+                        break
+                    tries += 1
+                    got = self.measure(variant)
+                    if got.peak_bytes <= budget and got.step_time_s < best[1].step_time_s:
+                        best, improved = (variant, got, None), True
+                        break
+            return best
+        front = choice_front(base.peak_bytes, saved, cost)[1:]  # without "keep everything"
+        lowest = sorted(front, key=lambda p: predict_choice_peak(base.peak_bytes, saved, p))
+        for choices in lowest[:FRONT_TRIES]:
             got = self.measure(choices)
             better = best is None or best[1].peak_bytes > budget or got.step_time_s < best[1].step_time_s
             if got.peak_bytes <= budget and better:
@@ -364,6 +375,23 @@ class BackendPlanner:
             self, choices, measured=measured, budget=budget, base=base, notes=notes, route=route,
             fraction=fraction, front=front,
         )
+
+
+_STEP_DOWN = {"full": "selective", "selective": "keep", "offload": "keep"}
+
+
+def _stepped_down(choices: list[str], saved: list[dict[str, float]]) -> list[list[str]]:
+    """``choices`` with one block stepped down a level, the one giving up the least saving first."""
+    variants = []
+    for i, choice in enumerate(choices):
+        lower = _STEP_DOWN.get(choice)
+        if lower is None:
+            continue
+        if lower not in saved[i] and lower != "keep":
+            lower = "keep"
+        lost = saved[i].get(choice, 0.0) - saved[i].get(lower, 0.0)
+        variants.append((lost, [*choices[:i], lower, *choices[i + 1:]]))
+    return [v for _, v in sorted(variants, key=lambda pair: pair[0])]
 
 
 def _peak(plan: RecomputePlan) -> int:
