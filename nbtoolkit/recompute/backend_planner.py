@@ -26,8 +26,8 @@ fastest of them: load only ever adds time):
    budget lowered by the overshoot (three times at most). Savings need not add up exactly under a
    compiler (nor in eager mode, where one block's recomputation can move the peak), so up to
    :data:`FRONT_TRIES` more settings are measured: the plan with one block stepped down
-   (full -> selective -> keep) when the chosen plan fits (kept if it still fits and runs faster),
-   the front's lowest plans when it does not.
+   (full -> selective or keep, selective -> keep) when the chosen plan fits (kept if it still fits
+   and runs faster), the front's lowest plans when it does not.
 5. **Partitioner route** (under compile, backends with the min-cut partitioner, ``route`` "auto"
    or "partitioner"): torch's ``activation_memory_budget`` (a fraction 0..1) is searched by
    bisection against the *measured* peak for the highest fraction that fits, in
@@ -75,7 +75,7 @@ ROUTES = ("auto", "blocks", "partitioner")
 BISECTION_STEPS = 3
 _VERIFY_ATTEMPTS = 3
 #: More plans of the front measured after the ILP's (``BackendPlanner._front_walk``).
-FRONT_TRIES = 3
+FRONT_TRIES = 4
 _WARMUP = 2
 #: Backends whose partitioner honours activation_memory_budget (the min-cut partitioner).
 _MIN_CUT_BACKENDS = ("inductor", "aot_eager_decomp_partition")
@@ -302,7 +302,7 @@ class BackendPlanner:
     ) -> tuple[list[str], Measured, None] | None:
         """Savings need not add up exactly (a compiler, or where the peak falls), so up to
         :data:`FRONT_TRIES` more settings are measured. When the ILP's plan fits: the plan with one
-        block stepped down (full -> selective, selective or offload -> keep), the step that gave up
+        block stepped down (full -> selective or keep, selective or offload -> keep), the step that gave up
         the least saving first, kept when it still measures under the budget and runs faster (then
         stepping down from there). When it does not fit: the front's lowest plans."""
         saved, cost = self.table()
@@ -312,9 +312,10 @@ class BackendPlanner:
             while improved and tries < FRONT_TRIES:
                 improved = False
                 for variant in _stepped_down(best[0], saved):
-                    if tries >= FRONT_TRIES:
+                    cached = (tuple(variant), None) in self._cache  # measured already: free
+                    if not cached and tries >= FRONT_TRIES:
                         break
-                    tries += 1
+                    tries += 0 if cached else 1
                     got = self.measure(variant)
                     if got.peak_bytes <= budget and got.step_time_s < best[1].step_time_s:
                         best, improved = (variant, got, None), True
@@ -377,20 +378,20 @@ class BackendPlanner:
         )
 
 
-_STEP_DOWN = {"full": "selective", "selective": "keep", "offload": "keep"}
+#: What a block's choice may step down to, from most to least recomputation.
+_STEP_DOWN = {"full": ("selective", "keep"), "selective": ("keep",), "offload": ("keep",)}
 
 
 def _stepped_down(choices: list[str], saved: list[dict[str, float]]) -> list[list[str]]:
-    """``choices`` with one block stepped down a level, the one giving up the least saving first."""
+    """``choices`` with one block stepped down to a cheaper choice (full to selective or keep,
+    selective or offload to keep), the one giving up the least saving first."""
     variants = []
     for i, choice in enumerate(choices):
-        lower = _STEP_DOWN.get(choice)
-        if lower is None:
-            continue
-        if lower not in saved[i] and lower != "keep":
-            lower = "keep"
-        lost = saved[i].get(choice, 0.0) - saved[i].get(lower, 0.0)
-        variants.append((lost, [*choices[:i], lower, *choices[i + 1:]]))
+        for lower in _STEP_DOWN.get(choice, ()):
+            if lower != "keep" and lower not in saved[i]:
+                continue
+            lost = saved[i].get(choice, 0.0) - saved[i].get(lower, 0.0)
+            variants.append((lost, [*choices[:i], lower, *choices[i + 1:]]))
     return [v for _, v in sorted(variants, key=lambda pair: pair[0])]
 
 
