@@ -27,6 +27,9 @@ The checks (issue "GPU truth"):
     says, on the device as on the CPU.
  8. the timeline widget's level-of-detail index over the recorded trace: every event counted
     once at full zoom-out, and windows down to 1 ns answer.
+ 9. offload (issue 36): every block's saved activations in host memory (save_on_cpu, what a
+    recomputation plan's "offload" applies): max_memory_allocated no higher than keeping them,
+    the loss unchanged. Not run on the CPU, where the planner never offers offload.
 """
 
 from __future__ import annotations
@@ -414,6 +417,34 @@ def check_plan_recompute(run: Run) -> Callable[[Check], None]:
     return body
 
 
+def check_offload(run: Run) -> Callable[[Check], None]:
+    def body(check: Check) -> None:
+        import torch
+
+        from nbtoolkit.recompute.selective import apply_choices
+
+        if not run.cuda:
+            raise NotRun(
+                "offload moves saved activations from GPU to host memory: the planner offers it on CUDA only"
+            )
+        peaks: dict[str, int] = {}
+        losses: dict[str, float] = {}
+        for choice in ("keep", "offload"):
+            model, _optimizer, step, _data = gpt(run.device, seed=5, large=run.large)
+            blocks = {f"blocks.{i}": block for i, block in enumerate(model.blocks)}
+            with apply_choices(blocks, dict.fromkeys(blocks, choice)):
+                step()
+                with fresh_peak(run):
+                    losses[choice] = float(step())
+                peaks[choice] = int(torch.cuda.max_memory_allocated())
+        check.record(keep_peak_bytes=peaks["keep"], offload_peak_bytes=peaks["offload"], losses=losses)
+        check.expect(peaks["offload"] <= peaks["keep"], "offloading every block raised max_memory_allocated")
+        same = abs(losses["keep"] - losses["offload"]) <= 1e-3 * max(1.0, abs(losses["keep"]))
+        check.expect(same, "offload changed the loss")
+
+    return body
+
+
 def interleaved(steps: dict[str, Callable[[], Any]], run: Run, rounds: int) -> dict[str, float]:
     """Median seconds per step of each, measured A B A B ... (CUDA events on a GPU)."""
     import torch
@@ -761,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
             "every event of the trace counted once at full zoom-out",
             check_timeline_lod(run),
         ),
+        ("9 offload", "torch.cuda.max_memory_allocated keeping vs offloading; losses", check_offload(run)),
     ]
     for name, reference, body in checks:
         if args.only and not any(

@@ -30,6 +30,7 @@ from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
 from nbtoolkit.recompute.amp import autocast_model
 from nbtoolkit.recompute.apply_compile import compile_model
+from nbtoolkit.recompute.backend_plan import apply_backend_plan
 from nbtoolkit.recompute.blocks import check_module, model_and_step, resolve_blocks
 from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 from nbtoolkit.recompute.comparison import Comparison
@@ -181,16 +182,25 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
                 stages.done = done_at_start + round(plan_runs * done / max(of, 1))
                 stages.tick("planning", what, runs=0)
 
-            plan = plan_recompute(module, step, budget, config=config.plan, progress=plan_progress)
+            # planned and verified under the compiler that will run it (a plan measured in eager
+            # mode does not carry over: the partitioner decides again what to save)
+            plan = plan_recompute(
+                module, step, budget, config=config.plan, progress=plan_progress, compile=compile_opts
+            )
             stages.done = done_at_start + plan_runs
             budget = plan.budget_bytes  # a share of the device ("90%") is now bytes of it
             names = list(plan.blocks)
-            if not names:
+            if plan.choices or plan.route != "blocks":
+                names = [b for b, c in plan.choices.items() if c != "keep"]
+            if not names and plan.route == "blocks":
                 notes.append(
                     f"the baseline peak {format_bytes(plan.baseline_peak_bytes)} already fits the budget "
                     f"{format_bytes(budget)}: nothing to recompute"
                 )
-        if names:
+        if plan is not None and (plan.choices or plan.route != "blocks"):
+            # per-block choices, or torch's partitioner budget
+            applied.extend(apply_backend_plan(plan, module))
+        elif names:
             applied.extend(checkpoint_blocks(module, names))
         if config.amp is not None:
             applied.extend(autocast_model(module, config.amp))
@@ -223,7 +233,11 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
             "with all changes applied (compile/AMP change memory too)"
         )
     changes = list(applied.changes)
-    if names:
+    if names and plan is not None and plan.choices:
+        changes = [c for c in changes if c.split(" ", 1)[0] not in ("selective", "full", "offload")]
+        shown = ", ".join(f"{b} ({plan.choices[b]})" for b in names)
+        changes.insert(0, f"recompute {len(names)} block(s) under {plan.backend}: {shown}")
+    elif names:
         # one line for the whole set of checkpointed blocks reads better than one per block
         changes = [c for c in changes if not c.startswith("checkpoint ")]
         changes.insert(0, f"checkpoint {len(names)} block(s): {', '.join(names)}")

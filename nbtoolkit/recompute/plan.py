@@ -92,6 +92,15 @@ class RecomputePlan(Result):
         fixed_by_category: what makes up ``fixed_bytes`` and the gradients, as far as measured
             (``parameter``, ``optimizer_state``, ``input``, ``gradient``): what a "no plan fits"
             message names as out of recomputation's reach (``RecomputeCosts.fixed_by_category``).
+        choices: per candidate block, ``keep``, ``selective`` (matmul and attention outputs saved,
+            the rest recomputed), ``full`` (the whole block recomputed) or ``offload`` (saved
+            activations in host memory, GPU only); empty for block-only plans, where ``blocks``
+            are the ``full`` ones (``nbtoolkit.recompute.selective``).
+        backend: what the plan was measured under: ``"eager"`` or ``"torch.compile(...)"``.
+        route: ``"blocks"`` (the per-block choices) or ``"partitioner"`` (torch's
+            ``activation_memory_budget`` set to :attr:`activation_memory_budget`, no block wrapped).
+        activation_memory_budget: the fraction the ``partitioner`` route sets (None otherwise).
+        measured_step_time_s: the step time measured with the plan applied under ``backend``.
     """
 
     blocks: list[str]
@@ -111,6 +120,11 @@ class RecomputePlan(Result):
     predicted_overhead_p25_s: float | None = None
     predicted_overhead_p75_s: float | None = None
     fixed_by_category: dict[str, int] = field(default_factory=dict)
+    choices: dict[str, str] = field(default_factory=dict)
+    backend: str = "eager"
+    route: str = "blocks"
+    activation_memory_budget: float | None = None
+    measured_step_time_s: float | None = None
 
     # ---- the model, usable without re-running anything (the panel's slider uses these) ----
     def predict_peak(self, blocks: list[str] | tuple[str, ...]) -> int:
@@ -181,6 +195,8 @@ class RecomputePlan(Result):
         ordered = [b for b in known if b in chosen]
         candidates = self.candidates.copy()
         candidates["chosen"] = [b in chosen for b in known]
+        if "choice" in candidates:
+            candidates["choice"] = ["full" if b in chosen else "keep" for b in known]
         spread = self.predict_overhead_spread(ordered)
         return dataclasses.replace(
             self,
@@ -191,6 +207,10 @@ class RecomputePlan(Result):
             predicted_overhead_p75_s=spread[1] if spread else None,
             candidates=candidates,
             notes=list(self.notes),
+            choices={b: ("full" if b in chosen else "keep") for b in known} if self.choices else {},
+            route="blocks",
+            activation_memory_budget=None,
+            measured_step_time_s=None,
         )
 
     def apply(self, model: Any) -> Undoable:
@@ -201,7 +221,11 @@ class RecomputePlan(Result):
         the plan's peak and overhead are for exactly its blocks checkpointed, once."""
         from nbtoolkit.recompute.checkpoint import checkpoint_blocks
 
-        return checkpoint_blocks(model, self.blocks)
+        if not self.choices and self.activation_memory_budget is None:
+            return checkpoint_blocks(model, self.blocks)
+        from nbtoolkit.recompute.backend_plan import apply_backend_plan
+
+        return apply_backend_plan(self, model)
 
     # ---- display ----
     def _report_figures(self) -> list[Any]:
@@ -237,6 +261,10 @@ class RecomputePlan(Result):
         )
         blocks = f"  blocks {', '.join(self.blocks) if self.blocks else '(none)'}"
         lines = [head, peak, overhead, blocks, solver]
+        if self.choices or self.route != "blocks":
+            from nbtoolkit.recompute.backend_plan import summary_lines
+
+            lines = summary_lines(self, head, peak, overhead)
         return lines
 
     def _overhead_spread(self) -> str:
@@ -262,6 +290,13 @@ class RecomputePlan(Result):
 
     def _text(self) -> str:
         lines = self._summary_lines()
+        if "choice" in self.candidates:
+            from nbtoolkit.recompute.backend_plan import choice_lines
+
+            lines.append("  per block (measured):")
+            lines.extend(choice_lines(self))
+            lines.extend(f"  note: {n}" for n in self.notes)
+            return "\n".join(lines)
         lines.append("  candidates:" + (" (cost: median, p25-p75)" if any(self._cost_spreads()) else ""))
         lines.extend(
             f"    {'*' if row.chosen else ' '} {row.block:<24} {row.module:<16} saves "
@@ -278,6 +313,8 @@ class RecomputePlan(Result):
         frame["recompute time"] = [format_seconds(v) for v in frame["recompute_time_s"]]
         frame["p25-p75"] = self._cost_spreads()
         frame["chosen"] = ["yes" if c else "" for c in frame["chosen"]]
+        if "choice" in frame:  # a plan with per-block choices: what each block does, and why
+            return frame[["block", "module", "choice", "why"]]
         return frame[["block", "module", "saved", "recompute time", "p25-p75", "chosen"]]
 
     def _display_tradeoff(self) -> pd.DataFrame:
@@ -323,6 +360,11 @@ class RecomputePlan(Result):
             "predicted_overhead_p25_s": self.predicted_overhead_p25_s,
             "predicted_overhead_p75_s": self.predicted_overhead_p75_s,
             "fixed_by_category": {str(k): int(v) for k, v in self.fixed_by_category.items()},
+            "choices": dict(self.choices),
+            "backend": self.backend,
+            "route": self.route,
+            "activation_memory_budget": self.activation_memory_budget,
+            "measured_step_time_s": self.measured_step_time_s,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -367,6 +409,11 @@ class RecomputePlan(Result):
                 predicted_overhead_p25_s=_optional_float(data.get("predicted_overhead_p25_s")),
                 predicted_overhead_p75_s=_optional_float(data.get("predicted_overhead_p75_s")),
                 fixed_by_category={str(k): int(v) for k, v in data.get("fixed_by_category", {}).items()},
+                choices={str(k): str(v) for k, v in data.get("choices", {}).items()},
+                backend=str(data.get("backend", "eager")),
+                route=str(data.get("route", "blocks")),
+                activation_memory_budget=_optional_float(data.get("activation_memory_budget")),
+                measured_step_time_s=_optional_float(data.get("measured_step_time_s")),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NbtUsageError(

@@ -75,6 +75,13 @@ then, one more profiled step measures the peak as the user runs it, which the pl
 note gives next to the numbers without it.
 Steps run for real: the optimizer updates the weights, as in your training loop.
 
+**Under torch.compile** (``compile=...``) or with ``selective=True`` the plan is made by
+``nbtoolkit.recompute.backend_planner`` instead: every setting measured as a whole step with the
+backend applied (a compiled graph hides the phases above), each block kept, selectively
+recomputed or fully recomputed, and torch's own ``activation_memory_budget`` searched as a second
+route; :func:`plan_recompute_budgets` plans several budgets with peaks that never rise as the
+budget falls.
+
 Never uses ``torch.distributed._tools``' SACEstimator: it needs CUDA and aborts the
 process on a CPU-only machine.
 """
@@ -89,6 +96,8 @@ from nbtoolkit.core.device_memory import model_device, plan_budget
 from nbtoolkit.core.errors import NbtUsageError, PlanError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
 from nbtoolkit.core.units import format_bytes
+from nbtoolkit.recompute.apply_compile import compile_options
+from nbtoolkit.recompute.backend_planner import ROUTES, BackendPlanner
 from nbtoolkit.recompute.blocks import Candidates, candidate_blocks, check_module, model_and_step
 from nbtoolkit.recompute.checkpoint import checkpoint_modules
 from nbtoolkit.recompute.config import RecomputeConfig
@@ -106,7 +115,7 @@ from nbtoolkit.recompute.solver import cheapest_blocks, solve_recompute
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["plan_recompute"]
+__all__ = ["plan_recompute", "plan_recompute_budgets"]
 
 #: Re-plans after a verified peak came out over the budget (step 8).
 _VERIFY_ATTEMPTS = 3
@@ -123,6 +132,9 @@ def plan_recompute(
     verify: bool = True,
     progress: Progress | None = None,
     config: RecomputeConfig | MeasureConfig | None = None,
+    compile: bool | str | dict[str, Any] | None = None,
+    selective: bool | None = None,
+    route: str = "auto",
 ) -> RecomputePlan:
     """Measure the candidate blocks and choose the cheapest set to checkpoint under a memory budget.
 
@@ -143,8 +155,19 @@ def plan_recompute(
         steps: timing rounds at least (each: one plain step and one step with every candidate
             checkpointed; more follow while the costs are imprecise, for up to
             ``recompute_timing.TIME_LIMIT_S`` seconds); default ``MeasureConfig().steps``.
+            With ``compile``/``selective``: timed steps per measured setting (at least 3).
         verify: apply the chosen plan and measure its real peak (step 8).
         progress: ``progress(done, total, what)`` after each run.
+        compile: plan under torch.compile as ``optimize(compile=...)`` applies it (True, a mode
+            name, or a dict of torch.compile options such as ``{"backend": "inductor"}``): every
+            cost is measured and the plan verified with the model compiled
+            (``nbtoolkit.recompute.backend_planner``). Each block is then kept, selectively
+            recomputed (matmul/attention outputs saved) or fully recomputed, and torch's own
+            partitioner budget is searched as a second route. None: eager, blocks only.
+        selective: offer op-level selective recomputation per block; default: under ``compile``
+            only. True in eager mode plans with the backend planner without compiling.
+        route: under compile, ``"auto"`` (the faster of per-block choices and torch's
+            partitioner), ``"blocks"`` or ``"partitioner"`` only.
         config: ``RecomputeConfig(blocks=..., steps=..., verify=...)`` instead of those three arguments;
             or a :class:`~nbtoolkit.MeasureConfig` for the timing rounds (its ``steps``; a
             ``steps=`` given as well wins).
@@ -163,6 +186,12 @@ def plan_recompute(
     device = model_device(module)
     budget, kind = plan_budget(device, budget_bytes, step_budget_bytes)
     config = _config(config, blocks=blocks, steps=steps, verify=verify)
+    compile_opts = compile_options(compile)
+    if compile_opts is not None or selective:
+        with suspend_framework_checkpointing(module):
+            return _backend_planner(
+                module, step, config, compile_opts, route=route, kind=kind, progress=progress
+            ).plan(budget)
     # from here on the plan works with the candidate modules themselves, never the model
     candidates = candidate_blocks(module, config.blocks)
     gpu = device if device.type == "cuda" else None  # the memory profiler's device= (None: the CPU)
@@ -207,6 +236,58 @@ def plan_recompute(
     if notes:
         plan = dataclasses.replace(plan, notes=[*notes, *plan.notes])
     return plan
+
+
+def plan_recompute_budgets(
+    model: Any,
+    step: Any,
+    budgets: Sequence[Any],
+    *,
+    compile: bool | str | dict[str, Any] | None = None,
+    route: str = "auto",
+    blocks: Sequence[str] | None = None,
+    steps: int | None = None,
+    progress: Progress | None = None,
+) -> list[RecomputePlan]:
+    """One plan per budget (device totals), measured once under the backend (``compile`` as in
+    :func:`plan_recompute`; None: eager with selective choices): a lower budget never gets a higher
+    measured peak than a higher budget's plan (``nbtoolkit.recompute.backend_planner``)."""
+    model, step = model_and_step(model, step, "plan_recompute_budgets")
+    module = check_module(model)
+    check_step(step)
+    device = model_device(module)
+    resolved = [plan_budget(device, b, None)[0] for b in budgets]
+    if not resolved or any(b is None for b in resolved):
+        raise NbtUsageError("budgets must be a non-empty list of budgets (bytes or text like '1.5GB')")
+    config = _config(None, blocks=blocks, steps=steps, verify=True)
+    with suspend_framework_checkpointing(module):
+        planner = _backend_planner(
+            module, step, config, compile_options(compile), route=route, kind="total", progress=progress
+        )
+        return planner.plans([int(b) for b in resolved if b is not None])
+
+
+def _backend_planner(
+    module: Any, step: Any, config: RecomputeConfig, compile_opts: dict[str, Any] | None, *, route: str,
+    kind: str, progress: Progress | None,
+) -> BackendPlanner:
+    """The planner that measures every setting under the backend that will run it."""
+    if route not in ROUTES:
+        raise NbtUsageError(f"route must be one of {list(ROUTES)}, got {route!r}")
+    candidates = candidate_blocks(module, config.blocks)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, max(done, 3 + 2 * len(candidates.blocks)), what)
+
+    run_step(step, "warm-up step")  # optimizer state exists before anything is measured
+    return BackendPlanner(
+        module, step, candidates, compile_options=compile_opts, total=kind == "total", steps=config.steps,
+        route=route, tick=tick,
+    )
 
 
 def _peak(step: Any, *, total: bool, device: torch.device | None) -> int:
