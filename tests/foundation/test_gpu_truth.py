@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = {"1a", "1b", "2", "3", "4", "5", "6", "7", "8"}
+CHECKS = {"1a", "1b", "2", "3", "4", "5", "6", "7", "8", "9"}
+#: checks with nothing to run on a CPU: offloading saved activations to host memory (9) is planned
+#: and applied on CUDA only, so on the CPU it is "not run", saying why
+CUDA_ONLY = {"9"}
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +48,19 @@ def test_every_check_runs_on_the_cpu_and_passes(cpu_run: tuple[dict, Path, str])
     assert results["environment"]["mode"] == "cpu" and results["environment"]["card"] is None
     names = {record["check"].split()[0]: record for record in results["checks"]}
     assert set(names) == CHECKS
-    failed = {name: record["why"] for name, record in names.items() if record["status"] != "passed"}
+    failed = {
+        name: record["why"]
+        for name, record in names.items()
+        if record["status"] != "passed" and name not in CUDA_ONLY
+    }
     assert not failed, (failed, output[-2000:])
-    assert results["summary"] == {"passed": len(CHECKS), "failed": 0, "not run": 0}
+    for name in CUDA_ONLY:
+        assert names[name]["status"] == "not run" and "CUDA only" in names[name]["why"], names[name]
+    ran = len(CHECKS) - len(CUDA_ONLY)
+    assert results["summary"] == {"passed": ran, "failed": 0, "not run": len(CUDA_ONLY)}
     for record in results["checks"]:
-        assert record["reference"] and record["numbers"] and record["seconds"] >= 0
+        if record["check"].split()[0] not in CUDA_ONLY:
+            assert record["reference"] and record["numbers"] and record["seconds"] >= 0
     # the numbers the GPU run compares, present on the CPU too
     memory = names["1a"]["numbers"]
     assert memory["categories_at_peak"] == memory["timeline_total_peak"] > 0
@@ -60,7 +71,7 @@ def test_every_check_runs_on_the_cpu_and_passes(cpu_run: tuple[dict, Path, str])
     mfu = names["5"]["numbers"]["mfu"]
     assert (mfu is None or 0 < mfu <= 1) and "measured" in names["5"]["numbers"]["peak_source"]
     assert names["8"]["numbers"]["counted_at_full_zoom_out"] == names["8"]["numbers"]["indexed_events"]
-    assert f"{len(CHECKS)} passed, 0 failed, 0 not run" in output
+    assert f"{ran} passed, 0 failed, {len(CUDA_ONLY)} not run" in output
 
 
 @pytest.mark.slow
