@@ -105,11 +105,11 @@ class DeviceView:
 
 
 def count_step_labels(trace: Trace) -> int:
-    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on)."""
-    labels: set[str] = set()
-    for frame in trace.events.values():
-        labels.update(profiler_step_names(frame["name"].cat.categories))
-    return len(labels)
+    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on).
+
+    Read from ``trace.step_labels``, computed once per Trace: this runs once per rank.
+    """
+    return len(trace.step_labels)
 
 
 def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> DeviceView:
