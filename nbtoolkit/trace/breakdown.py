@@ -71,15 +71,15 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
         rows.append((rank, idle, compute_us, non_compute, span))
     # one frame built from numpy columns: this runs once per rank when each rank is summarized alone
     numbers = np.array([row[1:] for row in rows], dtype=np.float64).reshape(len(rows), 4)
-    span = numbers[:, 3]
+    spans = numbers[:, 3]
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = 100.0 * numbers[:, :3] / np.where(span > 0, span, np.nan)[:, None]
+        share = 100.0 * numbers[:, :3] / np.where(spans > 0, spans, np.nan)[:, None]
     columns = {
         "rank": np.array([row[0] for row in rows], dtype=np.int64),
         "idle_us": numbers[:, 0],
         "compute_us": numbers[:, 1],
         "non_compute_us": numbers[:, 2],
-        "span_us": span,
+        "span_us": spans,
         "idle_pct": share[:, 0],
         "compute_pct": share[:, 1],
         "non_compute_pct": share[:, 2],
