@@ -93,6 +93,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "plan_recompute": "nbtoolkit.recompute.planner",
     "plan_recompute_on": "nbtoolkit.integrations.recompute_strategies",
     "profile": "nbtoolkit.trace.profile",
+    "rank_heatmaps": "nbtoolkit.trace.scale_heatmaps",
     "report": "nbtoolkit.reporting.report",
     "roofline": "nbtoolkit.trace.roofline_analysis",
     "step_metrics": "nbtoolkit.metrics.measure",
@@ -185,6 +186,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.trace.profile import profile
     from nbtoolkit.trace.roofline import Roofline
     from nbtoolkit.trace.roofline_analysis import roofline
+    from nbtoolkit.trace.scale_heatmaps import rank_heatmaps
     from nbtoolkit.trace.summarize_folder import summarize_traces
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.timeline_widget import timeline_widget

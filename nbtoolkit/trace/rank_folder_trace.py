@@ -28,8 +28,6 @@ from nbtoolkit.trace.trace import Trace
 if TYPE_CHECKING:
     import pandas as pd
 
-    from nbtoolkit.trace.summary import TraceSummary
-
 __all__ = ["RankEvents", "RankFolderTrace", "from_summary"]
 
 #: ranks whose events stay in memory after being read (the most recently used ones)
@@ -39,7 +37,8 @@ KEPT_RANKS = 4
 class _RankReader:
     """Reads one rank's events and collectives on demand, keeping the last :data:`KEPT_RANKS`."""
 
-    def __init__(self, summary: TraceSummary, kept: int = KEPT_RANKS) -> None:
+    # summary: a TraceSummary (not imported: the summary's views import this module)
+    def __init__(self, summary: Any, kept: int = KEPT_RANKS) -> None:
         self.summary = summary
         self.kept = kept
         self.reads = 0  # ranks parsed or read from the cache so far (tests count them)
@@ -128,7 +127,7 @@ class RankFolderTrace(Trace):
         return head + self.summary._html()
 
 
-def from_summary(summary: TraceSummary, *, notes: list[str] | None = None) -> RankFolderTrace:
+def from_summary(summary: Any, *, notes: list[str] | None = None) -> RankFolderTrace:
     """The RankFolderTrace of a summarized folder (its events read from the files or the cache)."""
     reader = _RankReader(summary)
     return RankFolderTrace(

@@ -82,6 +82,7 @@ def test_many_rank_files_are_summarized_by_default_and_overlap_magic_goes_the_sa
 ) -> None:
     from nbtoolkit.trace import load
     from nbtoolkit.trace.overlap_report import OverlapReport
+    from nbtoolkit.trace.views import TraceReport
 
     made = write_scale_set(gloo_trace_folder, tmp_path / "set", ranks=4)
     assert not isinstance(nbt.load_trace(made.path), RankFolderTrace)  # a few ranks: held
@@ -90,6 +91,9 @@ def test_many_rank_files_are_summarized_by_default_and_overlap_magic_goes_the_sa
     assert isinstance(loaded, RankFolderTrace)
     report = OverlapReport.of(str(made.path))  # what %nbt overlap DIR runs
     pd.testing.assert_frame_equal(report.table, nbt.comm_comp_overlap(loaded))
+    shown = TraceReport.of(loaded)  # what %nbt trace DIR shows: the summaries' answers, no event read
+    pd.testing.assert_frame_equal(shown.temporal, nbt.temporal_breakdown(loaded))
+    assert shown.kernel_types is None and loaded.rank_reads == 0  # type: ignore[attr-defined]
     with pytest.raises(nbt.NbtUsageError, match="hold_events=True"):
         nbt.load_trace(made.path, max_bytes=10**9)
 
