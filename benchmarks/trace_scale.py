@@ -105,9 +105,14 @@ print("RESULT " + json.dumps(answer))
 
 def measure(body: str, folder: Path, python: str = sys.executable) -> dict[str, object]:
     """Run ``body`` in a fresh interpreter; wall time, peak RSS of its process tree, its answer."""
+    import resource
+
     import psutil
 
     code = WRAPPER.format(body=body)
+    # CPU seconds of the whole tree (the child and the workers it waited for): on a shared machine
+    # wall time depends on the neighbours, CPU time far less (the linearity check reads both)
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     begin = time.perf_counter()
     proc = subprocess.Popen(
         [python, "-c", code, str(folder)],
@@ -133,11 +138,14 @@ def measure(body: str, folder: Path, python: str = sys.executable) -> dict[str, 
         time.sleep(0.02)
     out, err = proc.communicate()
     seconds = time.perf_counter() - begin
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "peak_rss_mb": peak / 2**20,
         "peak_pss_mb": peak_pss / 2**20,
         "answer": json.loads(line[7:]),
@@ -222,10 +230,13 @@ def _scaling(earlier: list[dict[str, object]], row: dict[str, object]) -> None:
     smaller = [r for r in earlier if r["ranks"] < row["ranks"]]  # type: ignore[operator]
     if smaller:
         base = max(smaller, key=lambda r: r["ranks"])  # type: ignore[arg-type,return-value]
+        ours, theirs = row["nbtoolkit"], base["nbtoolkit"]
         row["time_over_smaller"] = {
             "ranks": base["ranks"],
-            "ratio": row["nbtoolkit"]["seconds"] / base["nbtoolkit"]["seconds"],  # type: ignore[index]
+            "ratio": ours["seconds"] / theirs["seconds"],  # type: ignore[index]
         }
+        if "cpu_seconds" in theirs:  # type: ignore[operator]
+            row["time_over_smaller"]["cpu_ratio"] = ours["cpu_seconds"] / theirs["cpu_seconds"]  # type: ignore
 
 
 def _summarize(row: dict[str, object]) -> None:
