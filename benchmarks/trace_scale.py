@@ -1,25 +1,35 @@
-"""Hundreds of ranks: nbtoolkit vs HolisticTraceAnalysis, load + comm/compute overlap, side by side.
+"""Thousands of ranks: nbtoolkit vs HolisticTraceAnalysis 0.5 and traceinsight 0.6.1, side by side.
 
-For each N (default 8, 64, 256) a scale set is written from the 8 real ranks of
+For each N (default 256, 1,024, 4,096) a scale set is written from the 8 real ranks of
 ``param_dlrm_8rank`` (``nbtoolkit.trace.scale_set``: rank ids rewritten, one straggler stretched
 1.5x, the others waiting for it); then, each in a fresh subprocess:
 
-- ``nbtoolkit``: ``nbt.summarize_traces(folder)`` (worker processes, one per core) and
-  ``nbt.stragglers(summary)``, from a script (one thread: workers are forked);
+- ``nbtoolkit``: the path people take: ``trace = nbt.load_trace(folder)`` (from 32 rank files a
+  RankFolderTrace: worker processes, one per core, summarize each rank),
+  ``nbt.comm_comp_overlap(trace)`` and ``nbt.stragglers(trace)``, from a script (one thread:
+  workers are forked);
 - ``nbtoolkit_kernel_like``: the same with a second thread running, as in a notebook kernel
   (workers start from a forkserver);
-- ``nbtoolkit-cached``: the same with ``cache=True``, second call (the first fills the cache);
-- ``hta``: ``TraceAnalysis(trace_dir=folder)`` and ``get_comm_comp_overlap()``.
+- ``nbtoolkit_cached`` (``--cached``): ``nbt.summarize_traces(folder, cache_dir=...)``, second call;
+- ``hta``: HolisticTraceAnalysis 0.5.0 (this interpreter's), ``TraceAnalysis(trace_dir=folder)``
+  and ``get_comm_comp_overlap()``;
+- ``traceinsight``: the same calls with traceinsight 0.6.1 (HTA's new name on PyPI; it keeps the
+  ``hta`` package), run by the interpreter of a separate virtual environment
+  (``--traceinsight-python``; it pins other pandas/numpy than the project).
+
+The references run up to ``--references-up-to`` ranks (default 1,024: at 4,096 each needs tens
+of GB and most of an hour on 2 cores).
 
 Wall time is the subprocess's (interpreter start and imports included). Peak RSS is the
 largest total resident memory of the subprocess and all its children (workers included),
 sampled every 20 ms with psutil; PSS (proportional set size: a page shared by forked
 processes counted once in all) is recorded beside it, since both tools' workers share pages.
-The overlap of every rank is compared with HTA's (0.1 pp),
-and the straggler nbtoolkit finds with the injected one. ``--cluster`` adds the cluster
-path (``Cluster.local(ranks=2).summarize_traces(folder)``; run it inside ``unshare --net``).
+The overlap of every rank is compared with each reference's (0.1 pp), and the straggler
+nbtoolkit finds with the injected one. ``--cluster`` adds the cluster path
+(``Cluster.local(ranks=2).summarize_traces(folder)``; run it inside ``unshare --net``).
 
-    nice -n 10 .venv/bin/python benchmarks/trace_scale.py --ranks 8 64 256 --out out/trace_scale.json
+    nice -n 10 .venv/bin/python benchmarks/trace_scale.py --ranks 256 1024 \
+        --traceinsight-python /path/to/ti-venv/bin/python --out benchmarks/results/trace_scale.json
 """
 
 from __future__ import annotations
@@ -38,11 +48,20 @@ ROOT = Path(__file__).resolve().parents[1]
 NBTOOLKIT = """
 import nbtoolkit as nbt
 {setup}
+trace = nbt.load_trace(folder)
+table = nbt.comm_comp_overlap(trace)
+report = nbt.stragglers(trace)
+overlap = dict(zip(table["rank"].tolist(), table["overlap_pct"].round(4).tolist()))
+answer = {{"overlap": overlap, "straggler": report.slowest_rank if report.has_straggler else None,
+          "kind": type(trace).__name__}}
+"""
+
+CACHED = """
+import nbtoolkit as nbt
 summary = nbt.summarize_traces(folder, cache_dir={cache_dir!r})
 report = nbt.stragglers(summary)
 overlap = dict(zip(summary.overlap["rank"].tolist(), summary.overlap["overlap_pct"].round(4).tolist()))
-answer = {{"overlap": overlap, "straggler": report.slowest_rank if report.has_straggler else None,
-          "failed": len(summary.failed)}}
+answer = {{"overlap": overlap, "straggler": report.slowest_rank if report.has_straggler else None}}
 """
 
 # A notebook kernel runs threads (IOPub, heartbeat) and has usually imported torch: the
@@ -84,14 +103,19 @@ print("RESULT " + json.dumps(answer))
 """
 
 
-def measure(body: str, folder: Path) -> dict[str, object]:
+def measure(body: str, folder: Path, python: str = sys.executable) -> dict[str, object]:
     """Run ``body`` in a fresh interpreter; wall time, peak RSS of its process tree, its answer."""
+    import resource
+
     import psutil
 
     code = WRAPPER.format(body=body)
+    # CPU seconds of the whole tree (the child and the workers it waited for): on a shared machine
+    # wall time depends on the neighbours, CPU time far less (the linearity check reads both)
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     begin = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(folder)],
+        [python, "-c", code, str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -114,11 +138,14 @@ def measure(body: str, folder: Path) -> dict[str, object]:
         time.sleep(0.02)
     out, err = proc.communicate()
     seconds = time.perf_counter() - begin
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "peak_rss_mb": peak / 2**20,
         "peak_pss_mb": peak_pss / 2**20,
         "answer": json.loads(line[7:]),
@@ -140,7 +167,7 @@ def compare_overlap(ours: dict[str, float], theirs: dict[str, float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/nbt-trace-scale"))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "trace_scale.json")
     parser.add_argument("--no-hta", action="store_true", help="skip HTA (e.g. a second run)")
@@ -148,6 +175,12 @@ def main() -> None:
         "--hta-from", type=Path, help="take HTA's numbers from an earlier --out file (HTA runs minutes)"
     )
     parser.add_argument("--cluster", action="store_true", help="add the cluster path (inside unshare --net)")
+    parser.add_argument("--cached", action="store_true", help="add summarize_traces with a filled cache")
+    parser.add_argument("--no-kernel-like", action="store_true", help="skip the notebook-kernel-like run")
+    parser.add_argument(
+        "--traceinsight-python", help="python of a virtual environment with traceinsight==0.6.1 installed"
+    )
+    parser.add_argument("--references-up-to", type=int, default=1024, help="run HTA/traceinsight up to N")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -165,20 +198,26 @@ def main() -> None:
             "injected_straggler": made.straggler,
         }
         print(f"--- {n} ranks, {made.bytes_written / 2**20:.0f} MB of JSON", flush=True)
-        cache_dir = str(args.workdir / f"cache{n}")  # outside the folder: HTA reads every file there
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        row["nbtoolkit"] = measure(NBTOOLKIT.format(cache_dir=None, setup=""), folder)
-        row["nbtoolkit_kernel_like"] = measure(NBTOOLKIT.format(cache_dir=None, setup=KERNEL_LIKE), folder)
-        measure(NBTOOLKIT.format(cache_dir=cache_dir, setup=""), folder)  # fills the cache
-        row["nbtoolkit_cached"] = measure(NBTOOLKIT.format(cache_dir=cache_dir, setup=""), folder)
+        row["nbtoolkit"] = measure(NBTOOLKIT.format(setup=""), folder)
+        if not args.no_kernel_like:
+            row["nbtoolkit_kernel_like"] = measure(NBTOOLKIT.format(setup=KERNEL_LIKE), folder)
+        if args.cached:
+            cache_dir = str(args.workdir / f"cache{n}")  # outside the folder: HTA reads every file there
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            measure(CACHED.format(cache_dir=cache_dir), folder)  # fills the cache
+            row["nbtoolkit_cached"] = measure(CACHED.format(cache_dir=cache_dir), folder)
         if args.cluster:
             row["cluster"] = measure(CLUSTER, folder)
+        references = n <= args.references_up_to
         if args.hta_from:
             earlier = {r["ranks"]: r for r in json.loads(args.hta_from.read_text()) if "hta" in r}
             if n in earlier:
                 row["hta"] = earlier[n]["hta"]
-        elif not args.no_hta:
+        elif not args.no_hta and references:
             row["hta"] = measure(HTA, folder)
+        if args.traceinsight_python and references:
+            row["traceinsight"] = measure(HTA, folder, python=args.traceinsight_python)
+        _scaling(results, row)
         _summarize(row)
         results.append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,19 +225,37 @@ def main() -> None:
     print(f"written {args.out}")
 
 
+def _scaling(earlier: list[dict[str, object]], row: dict[str, object]) -> None:
+    """nbtoolkit's time at N over its time at the largest smaller N measured (linear: N / N0)."""
+    smaller = [r for r in earlier if r["ranks"] < row["ranks"]]  # type: ignore[operator]
+    if smaller:
+        base = max(smaller, key=lambda r: r["ranks"])  # type: ignore[arg-type,return-value]
+        ours, theirs = row["nbtoolkit"], base["nbtoolkit"]
+        row["time_over_smaller"] = {
+            "ranks": base["ranks"],
+            "ratio": ours["seconds"] / theirs["seconds"],  # type: ignore[index]
+        }
+        if "cpu_seconds" in theirs:  # type: ignore[operator]
+            row["time_over_smaller"]["cpu_ratio"] = ours["cpu_seconds"] / theirs["cpu_seconds"]  # type: ignore
+
+
 def _summarize(row: dict[str, object]) -> None:
     ours = row["nbtoolkit"]
     assert isinstance(ours, dict)
     found = ours["answer"]["straggler"]
     row["straggler_found"] = found == row["injected_straggler"]
-    kernel = row["nbtoolkit_kernel_like"]
+    kernel = row.get("nbtoolkit_kernel_like", ours)  # the script's own numbers where it was skipped
     assert isinstance(kernel, dict)
     line = (
-        f"nbtoolkit {ours['seconds']:.1f} s {ours['peak_rss_mb']:.0f} MB; "
+        f"nbtoolkit {ours['seconds']:.1f} s {ours['peak_rss_mb']:.0f} MB (PSS {ours['peak_pss_mb']:.0f} MB); "
         f"kernel-like {kernel['seconds']:.1f} s {kernel['peak_rss_mb']:.0f} MB; "
-        f"cached {row['nbtoolkit_cached']['seconds']:.1f} s; straggler {found} "  # type: ignore[index]
-        f"(injected {row['injected_straggler']})"
+        f"straggler {found} (injected {row['injected_straggler']}), {ours['answer']['kind']}"
     )
+    if "nbtoolkit_cached" in row:
+        line += f"; cached {row['nbtoolkit_cached']['seconds']:.1f} s"  # type: ignore[index]
+    if "time_over_smaller" in row:
+        scaling = row["time_over_smaller"]
+        line += f"; time x{scaling['ratio']:.2f} of {scaling['ranks']} ranks"  # type: ignore[index]
     if "cluster" in row:
         cluster = row["cluster"]
         assert isinstance(cluster, dict)
@@ -206,6 +263,22 @@ def _summarize(row: dict[str, object]) -> None:
             cluster["answer"]["overlap"], ours["answer"]["overlap"]
         )
         line += f"; cluster {cluster['seconds']:.1f} s (summarize {cluster['answer']['summarize_s']:.1f} s)"
+    if "traceinsight" in row:
+        ti = row["traceinsight"]
+        assert isinstance(ti, dict)
+        row["time_ratio_traceinsight_over_nbt"] = ti["seconds"] / ours["seconds"]
+        row["rss_ratio_traceinsight_over_nbt"] = ti["peak_rss_mb"] / ours["peak_rss_mb"]
+        row["pss_ratio_traceinsight_over_nbt"] = ti["peak_pss_mb"] / ours["peak_pss_mb"]
+        row["max_overlap_diff_traceinsight_pp"] = compare_overlap(
+            ours["answer"]["overlap"], ti["answer"]["overlap"]
+        )
+        line += (
+            f"; traceinsight {ti['seconds']:.1f} s {ti['peak_rss_mb']:.0f} MB"
+            f" (PSS {ti['peak_pss_mb']:.0f} MB)"
+            f" -> time x{row['time_ratio_traceinsight_over_nbt']:.1f},"
+            f" RSS x{row['rss_ratio_traceinsight_over_nbt']:.1f},"
+            f" overlap max diff {row['max_overlap_diff_traceinsight_pp']:.3f} pp"
+        )
     if "hta" in row:
         hta = row["hta"]
         assert isinstance(hta, dict)

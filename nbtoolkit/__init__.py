@@ -46,6 +46,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "Cluster": "nbtoolkit.cluster.cluster",
     "Comparison": "nbtoolkit.recompute.comparison",
     "CriticalPath": "nbtoolkit.trace.critical_path",
+    "CrossRankPath": "nbtoolkit.trace.critical_path_ranks",
     "GraphComparison": "nbtoolkit.compile.report",
     "GraphReport": "nbtoolkit.compile.report",
     "HangReport": "nbtoolkit.cluster.hang",
@@ -69,6 +70,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "comm_comp_overlap": "nbtoolkit.trace.api",
     "compare": "nbtoolkit.trace.api",
     "critical_path": "nbtoolkit.trace.critical_path_analysis",
+    "critical_path_across_ranks": "nbtoolkit.trace.critical_path_ranks",
     "critical_path_by_rank": "nbtoolkit.trace.critical_path_analysis",
     "export_memory_snapshot": "nbtoolkit.memory.snapshot_export",
     "fit": "nbtoolkit.capacity.api",
@@ -79,7 +81,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "load_memory_snapshot": "nbtoolkit.memory.snapshot_reader",
     "load_memory_timeline": "nbtoolkit.memory.snapshot_reader",
     "load_rank_snapshots": "nbtoolkit.memory.snapshot_ranks",
-    "load_trace": "nbtoolkit.trace.kineto",
+    "load_trace": "nbtoolkit.trace.load",
     "locate_data": "nbtoolkit.core.datasets",
     "memory_by": "nbtoolkit.memory.breakdown",
     "memory_diff": "nbtoolkit.memory.diff",
@@ -92,6 +94,7 @@ _LAZY_EXPORTS: dict[str, str] = {
     "plan_recompute": "nbtoolkit.recompute.planner",
     "plan_recompute_on": "nbtoolkit.integrations.recompute_strategies",
     "profile": "nbtoolkit.trace.profile",
+    "rank_heatmaps": "nbtoolkit.trace.scale_heatmaps",
     "report": "nbtoolkit.reporting.report",
     "roofline": "nbtoolkit.trace.roofline_analysis",
     "step_metrics": "nbtoolkit.metrics.measure",
@@ -178,11 +181,13 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     )
     from nbtoolkit.trace.critical_path import CriticalPath
     from nbtoolkit.trace.critical_path_analysis import critical_path, critical_path_by_rank
-    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.trace.critical_path_ranks import CrossRankPath, critical_path_across_ranks
+    from nbtoolkit.trace.load import load_trace
     from nbtoolkit.trace.overlap_report import OverlapReport
     from nbtoolkit.trace.profile import profile
     from nbtoolkit.trace.roofline import Roofline
     from nbtoolkit.trace.roofline_analysis import roofline
+    from nbtoolkit.trace.scale_heatmaps import rank_heatmaps
     from nbtoolkit.trace.summarize_folder import summarize_traces
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.timeline_widget import timeline_widget

@@ -61,6 +61,7 @@ class DeviceView:
         self.filtered = filtered  # whether the last ProfilerStep was left out
         self._frame, self._ts, self._end, self._keep = frame, ts, end, keep
         self._stream = frame["stream"].to_numpy()
+        self._columns: dict[str, np.ndarray] = {}  # column -> numpy, read once (a frame lookup costs µs)
 
     def _rows(self, index: np.ndarray) -> pd.DataFrame:
         return self._frame.iloc[index].assign(ts=self._ts[index], end=self._end[index])
@@ -85,12 +86,18 @@ class DeviceView:
             return self._ts[rows]
         if column == "end":
             return self._end[rows]
-        return self._frame[column].to_numpy()[rows]
+        values = self._columns.get(column)
+        if values is None:
+            values = self._columns[column] = self._frame[column].to_numpy()
+        return values[rows]
 
     def codes(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, pd.Index]:
         """A categorical column's codes at the given positions, and its categories."""
-        values = self._frame[column]
-        return values.cat.codes.to_numpy()[rows], values.cat.categories
+        key = column + ".codes"
+        codes = self._columns.get(key)
+        if codes is None:
+            codes = self._columns[key] = self._frame[column].cat.codes.to_numpy()
+        return codes[rows], self._frame[column].cat.categories
 
     @cached_property
     def host(self) -> pd.DataFrame:
@@ -105,11 +112,11 @@ class DeviceView:
 
 
 def count_step_labels(trace: Trace) -> int:
-    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on)."""
-    labels: set[str] = set()
-    for frame in trace.events.values():
-        labels.update(profiler_step_names(frame["name"].cat.categories))
-    return len(labels)
+    """Distinct ProfilerStep labels over all ranks (HTA filters the last step only from two on).
+
+    Read from ``trace.step_labels``, computed once per Trace: this runs once per rank.
+    """
+    return len(trace.step_labels)
 
 
 def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> DeviceView:

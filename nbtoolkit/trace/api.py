@@ -17,7 +17,8 @@ from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.inputs import is_path, wrong_type
 from nbtoolkit.trace import breakdown, diff, overlap
 from nbtoolkit.trace import stragglers as straggler_analysis
-from nbtoolkit.trace.kineto import load_trace
+from nbtoolkit.trace.load import load_trace
+from nbtoolkit.trace.rank_folder_trace import RankFolderTrace
 from nbtoolkit.trace.summary import TraceSummary
 from nbtoolkit.trace.trace import Trace
 
@@ -38,6 +39,15 @@ __all__ = [
 ]
 
 TraceInput = Trace | str | PathLike[str]
+
+
+def _summary_of(trace: Trace, include_last_step: bool) -> TraceSummary | None:
+    """The per-rank summary that answers for ``trace`` (a RankFolderTrace made with the same
+    ``include_last_step``), else None: the analysis then reads the events."""
+    if isinstance(trace, RankFolderTrace) and trace.summary.include_last_step == include_last_step:
+        summary: TraceSummary = trace.summary
+        return summary
+    return None
 
 
 def as_trace(value: Any, *, what: str) -> Trace:
@@ -84,7 +94,9 @@ def comm_comp_overlap(
     :class:`~nbtoolkit.trace.summary.TraceSummary` (``nbt.summarize_traces(folder)`` or
     ``cluster.summarize_traces(where)``, for folders too large to hold every event): its per-rank
     and per-step tables are returned (the events needed per call are not in it). ``%nbt overlap``
-    shows this function's table (``nbt.OverlapReport``).
+    shows this function's table (``nbt.OverlapReport``). A folder of many ranks (``nbt.load_trace``
+    gives a RankFolderTrace) is answered from the per-rank summaries its workers computed; only
+    ``by="collective"`` reads each rank's events, one rank at a time.
     """
     if isinstance(trace, TraceSummary):
         if include_last_step != trace.include_last_step:
@@ -99,6 +111,9 @@ def comm_comp_overlap(
             )
         return trace.overlap.copy() if by == "rank" else trace.overlap_by_step.copy()
     loaded = as_trace(trace, what="comm_comp_overlap()")
+    summary = _summary_of(loaded, include_last_step) if by in ("rank", "iteration") else None
+    if summary is not None:
+        return comm_comp_overlap(summary, by=by, include_last_step=include_last_step)
     return overlap.comm_comp_overlap(loaded, by=by, include_last_step=include_last_step)
 
 
@@ -118,6 +133,9 @@ def stragglers(
     if isinstance(trace, TraceSummary):
         return straggler_analysis.summary_stragglers(trace, threshold_pct=threshold_pct)
     loaded = as_trace(trace, what="stragglers()")
+    summary = _summary_of(loaded, include_last_step)
+    if summary is not None:
+        return straggler_analysis.summary_stragglers(summary, threshold_pct=threshold_pct)
     return straggler_analysis.stragglers(
         loaded, threshold_pct=threshold_pct, include_last_step=include_last_step
     )
@@ -151,6 +169,9 @@ def temporal_breakdown(trace: TraceInput, *, include_last_step: bool = False) ->
             Traces with fewer than two ProfilerStep labels are never filtered.
     """
     loaded = as_trace(trace, what="temporal_breakdown()")
+    summary = _summary_of(loaded, include_last_step)
+    if summary is not None:
+        return summary.temporal.copy()
     return breakdown.temporal_breakdown(loaded, include_last_step=include_last_step)
 
 

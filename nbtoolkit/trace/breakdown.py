@@ -13,7 +13,7 @@ import numpy as np
 
 from nbtoolkit.trace import _kernels as k
 from nbtoolkit.trace import kernel_types as kt
-from nbtoolkit.trace._intervals import intersection_length
+from nbtoolkit.trace._intervals import intersection_length, merge
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,14 +43,19 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
     rows = []
     for rank in trace.ranks:
         view = k.device_view(trace, rank, include_last_step=include_last_step)
-        if len(view.device):
-            busy = k.merged(view.device)
+        device = view.device_rows
+        if len(device):
+            # numpy on positions and category codes, no frame: this runs once per rank at scale
+            ts, end = view.values("ts", device), view.values("end", device)
+            busy = merge(ts, end)
             if len(busy[0]):
                 span = float(busy[1][-1] - busy[0][0])
                 run = float((busy[1] - busy[0]).sum())
             else:
                 span = run = 0.0
-            compute = k.merged(view.device, kt.COMPUTATION)
+            codes, categories = view.codes("name", device)
+            is_compute = kt.kernel_type_table(categories)[codes] == kt.COMPUTATION
+            compute = merge(ts[is_compute], end[is_compute])
             compute_us = float((compute[1] - compute[0]).sum())
             idle = span - run
             non_compute = run - compute_us
@@ -64,11 +69,22 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
             non_compute = comm_total - intersection_length(comm, comp)
             idle = span - compute_us - non_compute
         rows.append((rank, idle, compute_us, non_compute, span))
-    frame = pd.DataFrame(rows, columns=["rank", "idle_us", "compute_us", "non_compute_us", "span_us"])
-    span = frame["span_us"].where(frame["span_us"] > 0)
-    for part in ("idle", "compute", "non_compute"):
-        frame[f"{part}_pct"] = 100.0 * frame[f"{part}_us"] / span
-    return frame[TEMPORAL_COLUMNS]
+    # one frame built from numpy columns: this runs once per rank when each rank is summarized alone
+    numbers = np.array([row[1:] for row in rows], dtype=np.float64).reshape(len(rows), 4)
+    spans = numbers[:, 3]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = 100.0 * numbers[:, :3] / np.where(spans > 0, spans, np.nan)[:, None]
+    columns = {
+        "rank": np.array([row[0] for row in rows], dtype=np.int64),
+        "idle_us": numbers[:, 0],
+        "compute_us": numbers[:, 1],
+        "non_compute_us": numbers[:, 2],
+        "span_us": spans,
+        "idle_pct": share[:, 0],
+        "compute_pct": share[:, 1],
+        "non_compute_pct": share[:, 2],
+    }
+    return pd.DataFrame(columns, columns=TEMPORAL_COLUMNS)
 
 
 def kernel_breakdown(

@@ -39,7 +39,7 @@ def _overlap(args: argparse.Namespace, call: MagicCall) -> Any:
 
 
 def _trace(args: argparse.Namespace, call: MagicCall) -> Any:
-    from nbtoolkit.trace.kineto import load_trace
+    from nbtoolkit.trace.load import load_trace
     from nbtoolkit.trace.timeline_widget import TraceReportWithWidget
     from nbtoolkit.trace.views import TraceReport
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.trace.trace import Trace
 
-__all__ = ["comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
+__all__ = ["collective_calls", "comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
@@ -147,6 +147,18 @@ def overlap_by_rank_and_step(
         pd.DataFrame(by_rank, columns=["rank", *numbers]),
         pd.DataFrame(by_step, columns=["rank", "step", *numbers]),
     )
+
+
+def collective_calls(trace: Trace, rank: int, *, include_last_step: bool = False) -> pd.DataFrame:
+    """A rank's communication calls, in start order: ts, end, name, collective, step, external_id.
+
+    The calls ``comm_comp_overlap(by="collective")`` measures (NCCL kernels, or gloo's host ops);
+    ``step`` is the ProfilerStep that launched each (-1 outside steps). What the cross-rank
+    critical path (:mod:`nbtoolkit.trace.critical_path_ranks`) matches across ranks.
+    """
+    calls = _comm_and_comp(trace, rank, include_last_step=include_last_step)
+    table = _calls_frame(trace, rank, calls)
+    return table.sort_values("ts", kind="stable", ignore_index=True)
 
 
 def _by_step(rank: int, calls: _RankCalls) -> list[dict[str, object]]:

@@ -82,7 +82,7 @@ class RankInfo:
 
 
 SPAN_COLUMNS = ("rank", "first_us", "last_us", "events")
-FRAMES = ("overlap", "overlap_by_step", "steps", "spans")
+FRAMES = ("overlap", "overlap_by_step", "steps", "spans", "temporal")
 _OVERLAP = {
     "comm_time_us": "number",
     "overlap_time_us": "number",
@@ -96,6 +96,17 @@ RECORD_COLUMNS: dict[str, dict[str, str]] = {
     "overlap_by_step": {"rank": "int", "step": "int", **_OVERLAP},
     "steps": {"rank": "int", "step": "int", "ts": "number", "dur": "number"},
     "spans": {"rank": "int", "first_us": "number", "last_us": "number", "events": "int"},
+    # temporal_breakdown's table (the percentages are made from these when the frame is built)
+    "temporal": {
+        "rank": "int",
+        "idle_us": "number",
+        "compute_us": "number",
+        "non_compute_us": "number",
+        "span_us": "number",
+        "idle_pct": "number",
+        "compute_pct": "number",
+        "non_compute_pct": "number",
+    },
 }
 
 

@@ -1,5 +1,9 @@
 """``summarize_traces``: a folder of hundreds of rank traces, read in parallel, kept small.
 
+What ``nbt.load_trace(folder)`` runs for a folder of many ranks (:mod:`nbtoolkit.trace.load`: its
+RankFolderTrace answers from the summary this returns); called directly it also offers
+``on_error="skip"`` and a cache folder of one's choice.
+
 Each rank's trace is parsed in a worker process (at most one per core: parsing is CPU-bound
 and holds the GIL), summarized there (:func:`~nbtoolkit.trace.summarize_rank.summarize_trace`:
 overlap by rank and step, steps, spans) and only the summary, a few KB, comes back. The

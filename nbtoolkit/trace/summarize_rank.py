@@ -7,16 +7,16 @@ disjoint ranks combine into the job's (``TraceSummary.combine``).
 One number depends on the other ranks: like HTA, the last ProfilerStep is left out when the
 *job* has two or more ProfilerStep labels (:mod:`nbtoolkit.trace._kernels`). A rank read
 alone sees only its own labels, so ``step_labels`` passes the labels the other ranks have:
-they are added to the rank's name categories (no event carries them), which is what the
-label count reads. The loaders summarize each rank with its own labels first and summarize
-again, with the job's labels, only the ranks whose decision differs (in practice none).
+they become the analysed view's ``Trace.step_labels``, which is what the label count reads.
+The loaders summarize each rank with its own labels first and summarize again, with the job's
+labels, only the ranks whose decision differs (in practice none).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nbtoolkit.core.profiler_steps import profiler_step_names
+from nbtoolkit.trace.breakdown import temporal_breakdown
 from nbtoolkit.trace.overlap import overlap_by_rank_and_step
 from nbtoolkit.trace.records import SPAN_COLUMNS
 from nbtoolkit.trace.summary import TraceSummary
@@ -27,16 +27,13 @@ __all__ = ["rank_step_labels", "summarize_trace"]
 
 def rank_step_labels(trace: Trace) -> list[str]:
     """The distinct ProfilerStep labels among the trace's event names, sorted."""
-    labels: set[str] = set()
-    for frame in trace.events.values():
-        labels.update(profiler_step_names(frame["name"].cat.categories))
-    return sorted(labels)
+    return list(trace.step_labels)
 
 
 def summarize_trace(
     trace: Trace, *, include_last_step: bool = False, step_labels: Iterable[str] = ()
 ) -> TraceSummary:
-    """Overlap (by rank and by step), steps and spans of every rank of ``trace``.
+    """Overlap (by rank and by step), steps, spans and temporal breakdown of every rank of ``trace``.
 
     ``step_labels``: ProfilerStep labels of ranks that are not in ``trace`` (see the module
     docstring); the numbers then equal those of the whole job's Trace.
@@ -45,17 +42,16 @@ def summarize_trace(
 
     own = rank_step_labels(trace)
     extra = sorted(set(step_labels) - set(own))
-    if extra:
-        events = {}
-        for rank, frame in trace.events.items():
-            names = frame["name"].cat.add_categories(
-                [x for x in extra if x not in frame["name"].cat.categories]
-            )
-            events[rank] = frame.assign(name=names)
-        view = Trace(events=events, info=trace.info, collectives=trace.collectives, notes=trace.notes)
-        view._steps = trace._steps
-    else:
-        view = trace
+    view = trace
+    if extra:  # the job's labels: the last-step rule reads their count (Trace.step_labels)
+        view = Trace(
+            events=trace.events,
+            info=trace.info,
+            collectives=trace.collectives,
+            notes=trace.notes,
+            _steps=trace._steps,
+            _step_labels=sorted(set(own) | set(extra)),
+        )
     by_rank, by_step = overlap_by_rank_and_step(view, include_last_step=include_last_step)
     spans = pd.DataFrame(
         [
@@ -74,6 +70,7 @@ def summarize_trace(
         overlap_by_step=by_step,
         steps=trace.steps.reset_index(drop=True),
         spans=spans,
+        temporal=temporal_breakdown(view, include_last_step=include_last_step),
         info=dict(sorted(trace.info.items())),
         step_labels=sorted(set(own) | set(step_labels)),
         include_last_step=include_last_step,

@@ -13,7 +13,8 @@ Frames (times in µs, one row per rank unless said):
   exposed_comm_us, method);
 - ``overlap_by_step``: ``comm_comp_overlap(trace, by="iteration")`` (one row per rank and step);
 - ``steps``: ``trace.steps`` (rank, step, ts, dur; one row per ProfilerStep);
-- ``spans``: rank, first_us, last_us, events (the rank's first start, last end, event count).
+- ``spans``: rank, first_us, last_us, events (the rank's first start, last end, event count);
+- ``temporal``: ``temporal_breakdown(trace)`` (rank, idle/compute/non-compute µs and %, span).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class TraceSummary(Result):
     overlap_by_step: pd.DataFrame
     steps: pd.DataFrame
     spans: pd.DataFrame
+    temporal: pd.DataFrame
     info: dict[int, RankInfo]
     step_labels: list[str] = field(default_factory=list)
     include_last_step: bool = False
@@ -184,6 +186,7 @@ class TraceSummary(Result):
             overlap_by_step=cat("overlap_by_step", ["rank", "step"]),
             steps=cat("steps", ["rank", "step"]),
             spans=cat("spans", ["rank"]),
+            temporal=cat("temporal", ["rank"]),
             info=dict(sorted(info.items())),
             step_labels=sorted({label for p in parts for label in p.step_labels}),
             include_last_step=parts[0].include_last_step,

@@ -72,6 +72,7 @@ class Trace(Result):
     # traces of other tools. nbt.compare leaves the steps other work disturbed out.
     step_load: dict[int, StepLoad] = field(default_factory=dict, repr=False)
     _steps: pd.DataFrame | None = field(default=None, repr=False)
+    _step_labels: list[str] | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- access
     @property
@@ -101,6 +102,19 @@ class Trace(Result):
         if self._steps is None:
             self._steps = _find_steps(self)
         return self._steps
+
+    @property
+    def step_labels(self) -> list[str]:
+        """The distinct ProfilerStep labels of all ranks, sorted (computed once: HTA's last-step rule
+        reads their count for every rank, and a loop over every rank per rank is quadratic)."""
+        if self._step_labels is None:
+            from nbtoolkit.core.profiler_steps import profiler_step_names
+
+            labels: set[str] = set()
+            for frame in self.events.values():
+                labels.update(profiler_step_names(frame["name"].cat.categories))
+            self._step_labels = sorted(labels)
+        return self._step_labels
 
     def step_times_ms(self) -> pd.DataFrame:
         """Step times in milliseconds: one row per step, one column per rank."""

@@ -93,10 +93,25 @@ class TraceReport(_FigureDisplay):
 
     @classmethod
     def of(cls, trace: Trace) -> TraceReport:
+        import pandas as pd
+
         from nbtoolkit.trace.breakdown import idle_breakdown, kernel_breakdown, temporal_breakdown
         from nbtoolkit.trace.overlap import comm_comp_overlap
-        from nbtoolkit.trace.stragglers import stragglers
+        from nbtoolkit.trace.rank_folder_trace import RankFolderTrace
+        from nbtoolkit.trace.stragglers import stragglers, summary_stragglers
 
+        if isinstance(trace, RankFolderTrace) and not trace.summary.include_last_step:
+            # a folder of many ranks: what the per-rank summaries answer (as nbt.comm_comp_overlap
+            # and friends do); the kernel and idle breakdowns would read every rank's events again
+            # (nbt.kernel_breakdown(trace) does, one rank at a time)
+            summary = trace.summary
+            return cls(
+                trace=trace,
+                temporal=summary.temporal.copy(),
+                overlap=summary.overlap.copy(),
+                idle=pd.DataFrame(),
+                stragglers=summary_stragglers(summary),
+            )
         return cls(
             trace=trace,
             temporal=temporal_breakdown(trace),
