@@ -40,6 +40,23 @@ def _ancestors(event: Any) -> list[Any]:
     return chain
 
 
+# Frames of the kernel that runs a notebook cell (IPython, ipykernel, tornado, asyncio's loop):
+# the same dozens of frames outside every cell's code, so a stack keeps the frames from the cell
+# inwards. Profiler frame names are relative to site-packages or the standard library.
+_KERNEL_FRAME_PREFIXES = (
+    "IPython/",
+    "ipykernel/",
+    "ipykernel_launcher.py",
+    "tornado/",
+    "asyncio/",
+    "traitlets/",
+    "jupyter_client/",
+    "zmq/",
+    "runpy.py",
+    "selectors.py",
+)
+
+
 def _is_user_frame(name: str) -> bool:
     return not (
         name.startswith(("torch/", "nn.Module:", "<built-in", "<frozen", "threading.py", "contextlib.py"))
@@ -84,6 +101,8 @@ def _describe(event: Any, module_names: dict[int, str], event_type: Any) -> _Eve
                     module = module_names.get(int(info.self_ptr), f"{info.cls_name}")
                 continue
             if name.startswith(("torch/profiler/", "torch/autograd/profiler")) or "nbtoolkit/" in name:
+                continue
+            if name.startswith(_KERNEL_FRAME_PREFIXES):
                 continue
             if name.startswith("torch/optim/") and not phase:
                 phase = "optimizer"

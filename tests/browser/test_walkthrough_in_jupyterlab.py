@@ -6,6 +6,7 @@ that nbtoolkit's tables and plotly figures rendered, that no cell raised, and th
 logged no JavaScript errors. The screenshots are kept in out/browser/ for a person.
 
 - the quick start, whole;
+- the memory walkthrough, whole (its figures, and the 16-bytes-per-parameter line it computes);
 - the cluster walkthrough without its DeepSpeed part and without the cell that fails on
   purpose (Run All stops at an error): a local Ray cluster started from the page's kernel,
   rank-prefixed output streamed into the page, per-rank memory and overlap. Ray runs inside
@@ -106,3 +107,16 @@ def test_cluster_walkthrough_streams_rank_output_and_renders_per_rank_results(
     assert "cluster stopped" in text
     assert page.plotly_figures >= 1, "no plotly figure rendered"
     assert page.nbt_outputs >= 2, "nbtoolkit tables (overlap, per-rank memory) did not render"
+
+
+def test_memory_walkthrough_renders_its_figures(chromium: str, tmp_path: Path) -> None:
+    """02_memory, whole: its plotly figures draw in JupyterLab and its computed 16-bytes line shows.
+
+    The real GPU snapshot it reads is found through NBT_DATA where the fixtures exist; without them
+    the notebook writes its own CPU step as a snapshot and runs on that, so the test runs either way.
+    """
+    page = _run_in_lab(_fresh_copy(ROOT / "notebooks" / "02_memory.ipynb", tmp_path), tmp_path)
+    # the AdamW arithmetic, computed in the page's kernel: 16 bytes per parameter plus the step counters
+    assert "= 16 x 1,307,088 + 204 bytes" in page.output_text
+    assert page.plotly_figures >= 3, f"only {page.plotly_figures} plotly figures rendered"
+    assert page.nbt_outputs >= 1, "no nbtoolkit table rendered"
