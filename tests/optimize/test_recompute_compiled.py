@@ -1,6 +1,9 @@
 """Recomputation planned and verified under the compiler that runs it (issue 36): real
 torch.compile with the ``aot_eager_decomp_partition`` backend (torch's min-cut partitioner, the
-one Inductor uses, without Inductor's code generation, which takes minutes on 2 CPU cores)."""
+one Inductor uses, without Inductor's code generation, which takes minutes on 2 CPU cores).
+
+Both routes: the plan of keep / selective / full per block that ``optimize`` applies, and torch's
+partitioner, its activation_memory_budget searched by bisection against the measured peak."""
 
 from __future__ import annotations
 
@@ -62,6 +65,24 @@ def test_optimize_compile_auto_meets_its_budget_measured_under_compile(compiled_
     else:
         assert plan.activation_memory_budget is not None and "partitioner" in text
     assert any("offload" in note and "GPU" in note for note in plan.notes)  # CPU: offload not offered
+
+
+@pytest.mark.slow
+def test_partitioner_route_searches_torchs_budget_against_the_measured_peak(compiled_baseline: int) -> None:
+    model, step = make()
+    step()
+    baseline = compiled_baseline
+    budget = int(baseline * 0.93)
+    plan = plan_recompute(model, step, budget, compile=BACKEND, route="partitioner", steps=1)
+    assert plan.route == "partitioner"
+    assert plan.activation_memory_budget is not None and 0.0 <= plan.activation_memory_budget < 1.0
+    assert not any(c != "keep" for c in plan.choices.values())  # no block wrapped on this route
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget
+    # measured again here, independently: torch's budget set by plan.apply is in effect when it compiles
+    assert compiled_peak(model, step, plan) <= budget
+    import torch._functorch.config as functorch_config
+
+    assert functorch_config.activation_memory_budget == 1.0  # apply's undo put torch's default back
 
 
 def test_unknown_route_is_a_usage_error() -> None:
