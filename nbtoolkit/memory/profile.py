@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import CaptureError
-from nbtoolkit.core.native_stderr import native_stderr_silenced
+from nbtoolkit.core.native_stderr import native_stderr_filtered, native_stderr_silenced
 from nbtoolkit.core.step_runner import synchronize
 
 if TYPE_CHECKING:
@@ -61,6 +61,9 @@ __all__ = [
 ]
 
 MARK_PREFIX = "nbt::mark::"
+
+#: torch's native line when a profiled step frees a block from before profiling: noise, held back.
+_PROFILER_NOISE = ("Memory block of unknown size was allocated before the profiling started",)
 
 #: What torch's memory profiler may fail with on programs it cannot classify (private API).
 _TORCH_MEMORY_PROFILE_ERRORS = (
@@ -127,7 +130,8 @@ def run_memory_profiled(
     with native_stderr_silenced():
         prof.start()
     try:
-        with around if around is not None else contextlib.nullcontext():
+        held = around if around is not None else contextlib.nullcontext()
+        with native_stderr_filtered(_PROFILER_NOISE), held:
             for _ in range(calls):
                 run.value = fn()
         synchronize()

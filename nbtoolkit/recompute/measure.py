@@ -190,14 +190,13 @@ def add_compile_counts(
 def add_flops_and_memory(
     measurement: Measurement, step: Callable[[], Any], settings: MeasureConfig, tick: Callable[[str], None]
 ) -> None:
-    """With ``settings.metrics``, one FLOP-counted step (MFU, HFU... in ``measurement.extra``); with
-    ``settings.memory``, one step under the memory profiler (peaks, categories). ``tick(what)``
-    after each."""
-    if settings.metrics:
-        from nbtoolkit.metrics.measure import add_step_metrics
+    """With ``settings.memory``, one step under the memory profiler (peaks, categories); with
+    ``settings.metrics``, one FLOP-counted step (MFU, HFU... in ``measurement.extra``). ``tick(what)``
+    after each.
 
-        add_step_metrics(measurement, step, tokens_per_step=settings.tokens_per_step)  # a row, never an error
-        tick("FLOP-counted step")
+    Memory first: a compiled forward called under torch's FlopCounterMode runs eagerly from then on
+    (until ``torch._dynamo.reset()``), so a memory step after the FLOP count measured the eager
+    peak of a compiled side; with torch's partitioner budget that is the whole baseline peak."""
     if settings.memory:
         series, by_category, resident = profile_memory_series(
             step, categories=settings.categories, total=True, device=_gpu_in_use()
@@ -208,3 +207,8 @@ def add_flops_and_memory(
         measurement.peak_by_category = by_category
         measurement.losses.append(loss_value(series.value))
         tick("memory step")
+    if settings.metrics:
+        from nbtoolkit.metrics.measure import add_step_metrics
+
+        add_step_metrics(measurement, step, tokens_per_step=settings.tokens_per_step)  # a row, never an error
+        tick("FLOP-counted step")

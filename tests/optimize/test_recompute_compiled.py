@@ -68,6 +68,26 @@ def test_optimize_compile_auto_meets_its_budget_measured_under_compile(compiled_
 
 
 @pytest.mark.slow
+def test_optimize_measures_the_compiled_sides_peak_with_flop_metrics_on(compiled_baseline: int) -> None:
+    """The after side's memory is that of the compiled step also when its FLOPs are counted: a compiled
+    forward called under torch's FlopCounterMode runs eagerly from then on, so the memory step comes
+    first (it came after, and a partitioner plan that fit when planned measured the eager baseline)."""
+    from nbtoolkit.recompute.measure import profile_memory_series
+
+    model, step = make()
+    step()
+    eager = profile_memory_series(step, total=True)[0].total_peak_bytes
+    assert eager is not None and eager != compiled_baseline  # else the two could not be told apart
+    config = OptimizeConfig(
+        compile=BACKEND, measure=MeasureConfig(steps=2, warmup=1, metrics=True, categories=False),
+    )
+    comparison = optimize(model, step, config=config)
+    assert "model GFLOP / step" in comparison.after.extra  # the FLOPs were counted on the after side too
+    assert comparison.before.total_peak_bytes == eager
+    assert comparison.after.total_peak_bytes == compiled_baseline
+
+
+@pytest.mark.slow
 def test_partitioner_route_searches_torchs_budget_against_the_measured_peak(compiled_baseline: int) -> None:
     model, step = make()
     step()
