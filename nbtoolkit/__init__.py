@@ -103,6 +103,10 @@ _LAZY_EXPORTS: dict[str, str] = {
     "temporal_breakdown": "nbtoolkit.trace.api",
     "timeline_widget": "nbtoolkit.trace.timeline_widget",
     "train_step": "nbtoolkit.core.train_step",
+    "write_scale_set": "nbtoolkit.trace.scale_set",
+    "zero_config": "nbtoolkit.integrations.deepspeed.config",
+    "zero_graph_breaks": "nbtoolkit.integrations.deepspeed.graph_breaks",
+    "zero_sweep": "nbtoolkit.integrations.deepspeed.sweep",
 }
 
 # every exception class (core/errors.py's __all__, imported above), plus the extension's hooks
@@ -148,6 +152,9 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.core.datasets import locate_data
     from nbtoolkit.core.measure_config import MeasureConfig
     from nbtoolkit.core.train_step import train_step
+    from nbtoolkit.integrations.deepspeed.config import zero_config
+    from nbtoolkit.integrations.deepspeed.graph_breaks import zero_graph_breaks
+    from nbtoolkit.integrations.deepspeed.sweep import zero_sweep
     from nbtoolkit.integrations.recompute_strategies import plan_recompute_on
     from nbtoolkit.memory.api import memory_imbalance
     from nbtoolkit.memory.breakdown import memory_by
@@ -188,6 +195,7 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.trace.roofline import Roofline
     from nbtoolkit.trace.roofline_analysis import roofline
     from nbtoolkit.trace.scale_heatmaps import rank_heatmaps
+    from nbtoolkit.trace.scale_set import write_scale_set
     from nbtoolkit.trace.summarize_folder import summarize_traces
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.timeline_widget import timeline_widget
