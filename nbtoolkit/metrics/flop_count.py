@@ -219,6 +219,24 @@ def _make_counter() -> Any:
     return PhaseFlopCounter()
 
 
+def _dynamo_eager() -> Any:
+    """A context in which torch.compile'd code runs eagerly and compiles nothing.
+
+    Why: a compiled function first called under a dispatch mode (the FLOP counter) fails to
+    compile there, and dynamo then marks its code to run eagerly for good: the user's compiled
+    model, counted once, ran uncompiled until ``torch._dynamo.reset()`` (and ``optimize``
+    measured the compiled side's memory in eager mode). Under the ``force_eager`` stance
+    dynamo neither compiles nor marks anything, and the compiled code is used again after.
+    The FLOPs counted are the eager ones either way (torch's counter cannot see inside a
+    compiled graph). torch before 2.6 has no stances: nothing to do there."""
+    import contextlib
+
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
 def count_step_flops(step: Callable[[], Any]) -> FlopCounts:
     """Run ``step`` once under torch's FlopCounterMode and return its FLOPs by phase, module and op.
 
@@ -231,7 +249,7 @@ def count_step_flops(step: Callable[[], Any]) -> FlopCounts:
         warnings.filterwarnings(
             "ignore", message=r"Using `torch.compile\(module\)` when there are global hooks"
         )
-        with counter:
+        with _dynamo_eager(), counter:
             call_step(step, "FLOP counting")
     counts: FlopCounts = counter.counts
     counts.parents = {name: parent or "" for name, parent in counter.modules.parent.items()}
