@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NBTOOLKIT = """
 import nbtoolkit as nbt
 {setup}
-trace = nbt.load_trace(folder)
+trace = nbt.load_trace(folder{workers})
 table = nbt.comm_comp_overlap(trace)
 report = nbt.stragglers(trace)
 overlap = dict(zip(table["rank"].tolist(), table["overlap_pct"].round(4).tolist()))
@@ -175,6 +176,9 @@ def main() -> None:
         "--hta-from", type=Path, help="take HTA's numbers from an earlier --out file (HTA runs minutes)"
     )
     parser.add_argument("--cluster", action="store_true", help="add the cluster path (inside unshare --net)")
+    parser.add_argument(
+        "--one-process", action="store_true", help="add load_trace(folder, workers=1): no worker processes"
+    )
     parser.add_argument("--cached", action="store_true", help="add summarize_traces with a filled cache")
     parser.add_argument("--no-kernel-like", action="store_true", help="skip the notebook-kernel-like run")
     parser.add_argument(
@@ -194,13 +198,16 @@ def main() -> None:
         made = write_scale_set(base, folder, ranks=n)
         row: dict[str, object] = {
             "ranks": n,
+            "load_average_at_start": list(os.getloadavg()),
             "json_mb": made.bytes_written / 2**20,
             "injected_straggler": made.straggler,
         }
         print(f"--- {n} ranks, {made.bytes_written / 2**20:.0f} MB of JSON", flush=True)
-        row["nbtoolkit"] = measure(NBTOOLKIT.format(setup=""), folder)
+        row["nbtoolkit"] = measure(NBTOOLKIT.format(setup="", workers=""), folder)
         if not args.no_kernel_like:
-            row["nbtoolkit_kernel_like"] = measure(NBTOOLKIT.format(setup=KERNEL_LIKE), folder)
+            row["nbtoolkit_kernel_like"] = measure(NBTOOLKIT.format(setup=KERNEL_LIKE, workers=""), folder)
+        if args.one_process:
+            row["nbtoolkit_one_process"] = measure(NBTOOLKIT.format(setup="", workers=", workers=1"), folder)
         if args.cached:
             cache_dir = str(args.workdir / f"cache{n}")  # outside the folder: HTA reads every file there
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -217,6 +224,7 @@ def main() -> None:
             row["hta"] = measure(HTA, folder)
         if args.traceinsight_python and references:
             row["traceinsight"] = measure(HTA, folder, python=args.traceinsight_python)
+        row["load_average_at_end"] = list(os.getloadavg())
         _scaling(results, row)
         _summarize(row)
         results.append(row)
@@ -279,6 +287,7 @@ def _summarize(row: dict[str, object]) -> None:
             f" RSS x{row['rss_ratio_traceinsight_over_nbt']:.1f},"
             f" overlap max diff {row['max_overlap_diff_traceinsight_pp']:.3f} pp"
         )
+    _cpu_ratios(row)
     if "hta" in row:
         hta = row["hta"]
         assert isinstance(hta, dict)
@@ -296,6 +305,34 @@ def _summarize(row: dict[str, object]) -> None:
             f" x{row['kernel_like_rss_ratio']:.1f}), overlap max diff {row['max_overlap_diff_pp']:.3f} pp"
         )
     print(line, flush=True)
+
+
+def _cpu_ratios(row: dict[str, object]) -> None:
+    """Each reference's CPU seconds (process tree) over each nbtoolkit variant's, and its RSS over theirs.
+
+    On a machine shared with other work wall time follows the neighbours; CPU time much less.
+    """
+    variants = [k for k in ("nbtoolkit", "nbtoolkit_kernel_like", "nbtoolkit_one_process") if k in row]
+    ratios: dict[str, dict[str, float]] = {}
+    for ref in ("hta", "traceinsight"):
+        theirs = row.get(ref)
+        if not isinstance(theirs, dict) or "cpu_seconds" not in theirs:
+            continue
+        for name in variants:
+            ours = row[name]
+            assert isinstance(ours, dict)
+            ratios[f"{ref}_over_{name}"] = {
+                "wall": theirs["seconds"] / ours["seconds"],
+                "cpu": theirs["cpu_seconds"] / ours["cpu_seconds"],
+                "rss": theirs["peak_rss_mb"] / ours["peak_rss_mb"],
+                "pss": theirs["peak_pss_mb"] / ours["peak_pss_mb"],
+            }
+    row["ratios"] = ratios
+    for key, r in ratios.items():
+        print(
+            f"  {key}: wall x{r['wall']:.1f}, cpu x{r['cpu']:.1f}, RSS x{r['rss']:.1f}, PSS x{r['pss']:.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

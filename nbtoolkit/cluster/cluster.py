@@ -562,6 +562,18 @@ class Cluster(Result):
 
         return summarize_on_cluster(self, str(where), **options)
 
+    def load_trace(self, where: str | Path, **options: Any) -> Trace:
+        """The multi-rank Trace of the rank traces ``where`` names, summarized on their nodes.
+
+        The same type as ``nbt.load_trace(folder)`` of many ranks (a RankFolderTrace: every
+        ``nbt.*`` analysis takes it, answered from the per-rank summaries); a rank's events are
+        read on its node when asked for (``trace.events[rank]``). Options as :meth:`summarize_traces`.
+        """
+        from nbtoolkit.trace.rank_folder_trace import from_summary
+
+        summary = self.summarize_traces(where, **options)
+        return from_summary(summary, read_ranks=lambda ranks: self.load_trace_ranks(summary, ranks))
+
     def load_trace_ranks(self, summary: TraceSummary, ranks: list[int], *, cache: bool = False) -> Trace:
         """The events of a few ranks of a cluster-made TraceSummary, read on their nodes (for lanes)."""
         from nbtoolkit.cluster.summarize_traces import load_ranks_on_cluster

@@ -156,8 +156,13 @@ def critical_path_by_rank(trace: Trace, step: int | None = None) -> pd.DataFrame
     Columns: ``rank``, ``step``, ``span_us``, ``length_us``, ``top_kind``, ``top_name``,
     ``top_share_pct`` (the largest opportunity), then ``<kind>_pct`` for every kind on any
     rank's path (0 where absent). ``step`` as in :func:`critical_path` (per rank when None).
+    A trace loaded with ``critical_path=True`` answers from its per-rank summaries (no event read).
     """
     import pandas as pd
+
+    found = getattr(getattr(trace, "summary", None), "critical_path", None)
+    if step is None and found is not None:
+        return found.copy()
 
     rows: list[dict[str, object]] = []
     for rank in trace.ranks:

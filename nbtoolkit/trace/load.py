@@ -37,6 +37,7 @@ def load_trace(
     hold_events: bool | None = None,
     workers: int | None = None,
     cache: bool = False,
+    critical_path: bool = False,
 ) -> Trace:
     """Load a trace file, or a folder of per-rank trace files, into a Trace.
 
@@ -54,6 +55,8 @@ def load_trace(
         cache: when the events are not held, keep each rank's summary and events in
             ``<folder>/.nbt-cache`` so a second load reads only the summaries, and a rank's events
             come from Parquet.
+        critical_path: when the events are not held, also find each rank's critical path in the
+            workers; ``nbt.critical_path_by_rank(trace)`` then answers from the summary.
 
     Overlap, temporal breakdown, stragglers and step times of a trace whose events are not held
     equal those of the held one; a corrupt rank file raises in both (``nbt.summarize_traces``
@@ -73,7 +76,9 @@ def load_trace(
     from nbtoolkit.trace.rank_folder_trace import from_summary
     from nbtoolkit.trace.summarize_folder import summarize_traces
 
-    summary = summarize_traces(path, workers=workers, cache=cache, on_error="raise")
+    summary = summarize_traces(
+        path, workers=workers, cache=cache, on_error="raise", critical_path=critical_path
+    )
     return from_summary(summary)
 
 

@@ -16,7 +16,7 @@ the public doors (:mod:`nbtoolkit.trace.api`) answer from.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,14 @@ class _RankReader:
     """Reads one rank's events and collectives on demand, keeping the last :data:`KEPT_RANKS`."""
 
     # summary: a TraceSummary (not imported: the summary's views import this module)
-    def __init__(self, summary: Any, kept: int = KEPT_RANKS) -> None:
+    # read_ranks: ranks -> their Trace (default: from the cache or the files, in this process;
+    # a cluster's trace reads them on the nodes that hold the files)
+    def __init__(
+        self, summary: Any, kept: int = KEPT_RANKS, read_ranks: Callable[[list[int]], Trace] | None = None
+    ) -> None:
         self.summary = summary
         self.kept = kept
+        self.read_ranks = read_ranks or (lambda ranks: load_summary_ranks(summary, ranks))
         self.reads = 0  # ranks parsed or read from the cache so far (tests count them)
         self._recent: OrderedDict[int, Trace] = OrderedDict()
 
@@ -50,7 +55,7 @@ class _RankReader:
         if rank in self._recent:
             self._recent.move_to_end(rank)
             return self._recent[rank]
-        one = load_summary_ranks(self.summary, [rank])
+        one = self.read_ranks([rank])
         self.reads += 1
         self._recent[rank] = one
         while len(self._recent) > self.kept:
@@ -127,9 +132,18 @@ class RankFolderTrace(Trace):
         return head + self.summary._html()
 
 
-def from_summary(summary: Any, *, notes: list[str] | None = None) -> RankFolderTrace:
-    """The RankFolderTrace of a summarized folder (its events read from the files or the cache)."""
-    reader = _RankReader(summary)
+def from_summary(
+    summary: Any,
+    *,
+    notes: list[str] | None = None,
+    read_ranks: Callable[[list[int]], Trace] | None = None,
+) -> RankFolderTrace:
+    """The RankFolderTrace of a summarized folder (its events read from the files or the cache).
+
+    ``read_ranks(ranks)``: how a rank's events are read when asked for (default: here, from the
+    cache or the file; ``Cluster.load_trace`` reads them on the node holding the file).
+    """
+    reader = _RankReader(summary, read_ranks=read_ranks)
     return RankFolderTrace(
         events=RankEvents(reader, "events"),  # type: ignore[arg-type]
         info=summary.info,

@@ -72,6 +72,7 @@ def summarize_traces(
     cache_dir: str | PathLike[str] | None = None,
     on_error: Literal["skip", "raise"] = "skip",
     include_last_step: bool = False,
+    critical_path: bool = False,
 ) -> TraceSummary:
     """Per-rank overlap, steps and straggler inputs of a folder of rank traces, read in parallel.
 
@@ -85,6 +86,9 @@ def summarize_traces(
         on_error: ``"skip"`` (default) names a corrupt rank file in ``summary.failed`` and goes
             on; ``"raise"`` raises its TraceError.
         include_last_step: keep the last ProfilerStep (HTA's ``include_last_profiler_step``).
+        critical_path: also find each rank's critical path where it is read
+            (``summary.critical_path``: ``nbt.critical_path_by_rank``'s frame; about 0.15 s of CPU
+            per rank, several times the rest).
 
     Returns a :class:`~nbtoolkit.trace.summary.TraceSummary`: ``.overlap`` equals
     ``nbt.comm_comp_overlap(nbt.load_trace(path))``, ``nbt.stragglers(summary)`` equals
@@ -103,14 +107,16 @@ def summarize_traces(
         folder, refused = usable_cache_folder(folder)
         if refused:
             notes.append(f"did not cache: {refused}")
-    outcomes = _run_all(files, folder, include_last_step, _worker_count(workers, len(files)))
+    outcomes = _run_all(files, folder, include_last_step, _worker_count(workers, len(files)), critical_path)
     if skipped:
         notes.append(
             f"skipped {len(skipped)} file(s) that are not .json/.json.gz traces: "
             + ", ".join(sorted(skipped)[:10])
             + (" ..." if len(skipped) > 10 else "")
         )
-    return combine_outcomes(root, outcomes, on_error=on_error, notes=notes, cache_dir=folder)
+    return combine_outcomes(
+        root, outcomes, on_error=on_error, notes=notes, cache_dir=folder, critical_path=critical_path
+    )
 
 
 def summarize_files(
@@ -131,6 +137,7 @@ def combine_outcomes(
     notes: list[str],
     cache_dir: Path | None,
     redo: Callable[[str, list[str]], dict[str, Any]] | None = None,
+    critical_path: bool = False,
 ) -> TraceSummary:
     """The job's summary from the ranks' outcomes: failures named, missing ranks listed, job checked.
 
@@ -158,7 +165,7 @@ def combine_outcomes(
         assert o.records is not None
         alone = len(o.records["step_labels"]) >= 2
         if alone != (len(labels) >= 2) and not o.records["include_last_step"]:
-            records.append((redo or _redo_here(cache_dir))(o.file, labels))
+            records.append((redo or _redo_here(cache_dir, critical_path))(o.file, labels))
         else:
             records.append(o.records)
     summary = TraceSummary.from_records(records, notes=notes)
@@ -224,7 +231,11 @@ def _worker_count(workers: int | None, files: int) -> int:
 
 
 def _run_all(
-    files: list[Path], cache_dir: Path | None, include_last_step: bool, workers: int
+    files: list[Path],
+    cache_dir: Path | None,
+    include_last_step: bool,
+    workers: int,
+    critical_path: bool = False,
 ) -> list[RankOutcome]:
     outcomes: dict[str, RankOutcome] = {}
     if cache_dir is not None:  # cached summaries are read here: no worker to start for them
@@ -233,10 +244,10 @@ def _run_all(
                 cached = read_summary(cache_dir, cache_key(f), include_last_step)
             except OSError:
                 cached = None
-            if cached is not None:
+            if cached is not None and (not critical_path or "critical_path" in cached):
                 outcomes[str(f)] = RankOutcome(str(f), cached)
     jobs = [
-        (str(f), str(cache_dir) if cache_dir else None, include_last_step)
+        (str(f), str(cache_dir) if cache_dir else None, include_last_step, critical_path)
         for f in files
         if str(f) not in outcomes
     ]
@@ -245,7 +256,7 @@ def _run_all(
     return [outcomes[str(f)] for f in files]
 
 
-def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[RankOutcome]:
+def _read_jobs(jobs: list[tuple[str, str | None, bool, bool]], workers: int) -> list[RankOutcome]:
     """Run the jobs in this process and ``workers - 1`` worker processes, all pulling from one list.
 
     Starting workers takes a second or more (a fresh interpreter importing pandas); this
@@ -262,7 +273,10 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     if context.get_start_method() == "fork":
         # the reader, imported before the fork so the workers share it
         import nbtoolkit.trace.kineto  # noqa: F401
-    pool = ProcessPoolExecutor(max_workers=max(1, workers - 1), mp_context=context)
+    caching = any(job[1] for job in jobs)
+    pool = ProcessPoolExecutor(
+        max_workers=max(1, workers - 1), mp_context=context, initializer=_lean_worker, initargs=(caching,)
+    )
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
         for i in reversed(range(len(chunks))):
@@ -286,7 +300,21 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool]], workers: int) -> list[R
     return [o for part in results if part for o in part]
 
 
-def _summarize_chunk(chunk: list[tuple[str, str | None, bool]]) -> list[RankOutcome]:
+def _lean_worker(caching: bool) -> None:
+    """Keep pyarrow out of a worker that only summarizes: a third of its memory (~35 of ~120 MB).
+
+    pandas 3 imports pyarrow when it is installed (for its string columns) and falls back to
+    Python strings without it; a summary holds no string column that needs pyarrow, and the
+    numbers are the same (tests/trace/test_scale.py). A worker that writes the Parquet cache
+    needs it; so does one forked after the parent imported pandas (it has it already).
+    """
+    import sys
+
+    if not caching and "pandas" not in sys.modules and "pyarrow" not in sys.modules:
+        sys.modules["pyarrow"] = None  # type: ignore[assignment]  # import pyarrow -> ImportError
+
+
+def _summarize_chunk(chunk: list[tuple[str, str | None, bool, bool]]) -> list[RankOutcome]:
     return [_summarize_one(*job) for job in chunk]
 
 
@@ -319,7 +347,9 @@ def _fork_is_safe() -> bool:
     return threading.active_count() == 1 and not any(name in sys.modules for name in risky)
 
 
-def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) -> RankOutcome:
+def _summarize_one(
+    file: str, cache_dir: str | None, include_last_step: bool, critical_path: bool = False
+) -> RankOutcome:
     """Read (or find in the cache) one rank file and summarize it; runs in a worker."""
     from nbtoolkit.trace._kineto_json import NotATrace
     from nbtoolkit.trace.kineto import load_rank_file
@@ -334,7 +364,7 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
         except OSError as exc:
             return RankOutcome(file, None, "corrupt", f"cannot be read ({exc.strerror or exc})")
         cached = read_summary(folder, key, include_last_step, damaged)
-        if cached is not None:
+        if cached is not None and (not critical_path or "critical_path" in cached):
             return RankOutcome(file, cached)
     try:
         trace = load_rank_file(path)
@@ -342,7 +372,9 @@ def _summarize_one(file: str, cache_dir: str | None, include_last_step: bool) ->
         return RankOutcome(file, None, "not-a-trace", str(exc))
     except TraceError as exc:
         return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
-    records = summarize_trace(trace, include_last_step=include_last_step).to_records()
+    records = summarize_trace(
+        trace, include_last_step=include_last_step, critical_path=critical_path
+    ).to_records()
     if folder is not None and key is not None:
         write_rank(folder, key, records, trace)
     if damaged:  # said once, in this summary; the cache just written holds no such note
@@ -356,13 +388,15 @@ def _reason(message: str, file: str) -> str:
     return message[len(file) + 2 :] if message.startswith(file + ": ") else message
 
 
-def _redo_here(cache_dir: Path | None) -> Callable[[str, list[str]], dict[str, Any]]:
+def _redo_here(
+    cache_dir: Path | None, critical_path: bool = False
+) -> Callable[[str, list[str]], dict[str, Any]]:
     def redo(file: str, labels: list[str]) -> dict[str, Any]:
         from nbtoolkit.trace.kineto import load_rank_file
 
         path = Path(file)
         trace = read_events(cache_dir, cache_key(path)) if cache_dir else None
         trace = trace if trace is not None else load_rank_file(path)
-        return summarize_trace(trace, step_labels=labels).to_records()
+        return summarize_trace(trace, step_labels=labels, critical_path=critical_path).to_records()
 
     return redo

@@ -15,12 +15,16 @@ labels, only the ranks whose decision differs (in practice none).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from nbtoolkit.trace.breakdown import temporal_breakdown
 from nbtoolkit.trace.overlap import overlap_by_rank_and_step
 from nbtoolkit.trace.records import SPAN_COLUMNS
 from nbtoolkit.trace.summary import TraceSummary
 from nbtoolkit.trace.trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["rank_step_labels", "summarize_trace"]
 
@@ -31,12 +35,17 @@ def rank_step_labels(trace: Trace) -> list[str]:
 
 
 def summarize_trace(
-    trace: Trace, *, include_last_step: bool = False, step_labels: Iterable[str] = ()
+    trace: Trace,
+    *,
+    include_last_step: bool = False,
+    step_labels: Iterable[str] = (),
+    critical_path: bool = False,
 ) -> TraceSummary:
     """Overlap (by rank and by step), steps, spans and temporal breakdown of every rank of ``trace``.
 
     ``step_labels``: ProfilerStep labels of ranks that are not in ``trace`` (see the module
-    docstring); the numbers then equal those of the whole job's Trace.
+    docstring); the numbers then equal those of the whole job's Trace. ``critical_path``: add
+    :func:`~nbtoolkit.trace.critical_path_analysis.critical_path_by_rank` (per rank, its default step).
     """
     import pandas as pd
 
@@ -75,4 +84,11 @@ def summarize_trace(
         step_labels=sorted(set(own) | set(step_labels)),
         include_last_step=include_last_step,
         notes=list(trace.notes),
+        critical_path=_critical_paths(view) if critical_path else None,
     )
+
+
+def _critical_paths(trace: Trace) -> pd.DataFrame:
+    from nbtoolkit.trace.critical_path_analysis import critical_path_by_rank
+
+    return critical_path_by_rank(trace)

@@ -140,3 +140,22 @@ def test_every_multi_rank_analysis_reads_each_rank_a_fixed_number_of_times(
     assert small > 0
     # linear: twice the ranks, twice the reads (quadratic work would read four times as many)
     assert large <= 2 * small + 2, (small, large)
+
+
+def test_a_trace_made_from_summaries_reads_ranks_through_the_reader_it_was_given(gloo_set: ScaleSet) -> None:
+    # what cluster.load_trace passes: a reader that fetches a rank's events on its node
+    from nbtoolkit.trace.rank_folder_trace import from_summary
+    from nbtoolkit.trace.summary_ranks import load_summary_ranks
+
+    summary = nbt.summarize_traces(gloo_set.folder, workers=1)
+    asked: list[list[int]] = []
+
+    def read_ranks(ranks: list[int]) -> Trace:
+        asked.append(list(ranks))
+        return load_summary_ranks(summary, ranks)
+
+    trace = from_summary(summary, read_ranks=read_ranks)
+    assert nbt.stragglers(trace).slowest_rank == gloo_set.straggler and asked == []
+    held = nbt.load_trace(gloo_set.folder, hold_events=True)
+    assert len(trace.events[3]) == len(held.events[3]) > 0
+    assert asked == [[3]]
