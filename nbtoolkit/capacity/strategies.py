@@ -34,8 +34,9 @@ What each strategy holds, as the real implementations do (the ones ``FitResult.v
 ``fsdp2`` (torch ``fully_shard`` per repeated block, AdamW over the shards)
     parameters, gradients and optimizer state as 1/N shards; the block that runs is gathered
     (in bf16 under ``amp="bf16"``), and its whole gradient exists until it is reduce-scattered;
-    backward prefetches the next block's gather and overlaps the previous one's reduce-scatter,
-    so two blocks of each are counted.
+    backward prefetches the next block's gather, so two gathered blocks and one block's whole
+    gradient are counted (the previous block's reduce-scatter input, held while the next block
+    runs, coincides with freed activations, not with the peak).
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def rank_memory(
         if at > best[0]:
             best = (at, grad * g, fb, opt * o)
     _, grads_at_peak, fb_at_peak, opt_at_peak = best
-    activations = min(fb_at_peak, trace.activation_bytes()) + trace.state_bytes("input")
+    activations = min(fb_at_peak, trace.activation_bytes())
     temporaries = fb_at_peak - activations + opt_at_peak
+    activations += trace.state_bytes("input")
     buckets = 0.0
     if strategy == "ddp":
         buckets = grads_whole if n > 1 else 0
@@ -133,9 +135,11 @@ def rank_memory(
     elif strategy == "fsdp2":
         params = params / n
         gathered = largest_block * (_dtype_bytes(amp) / param_size)
-        # backward gathers the next block while one runs, and reduce-scatters the previous block's
-        # whole gradient while the current one is computed: two of each
-        temporaries += 2 * (gathered + largest_block)
+        # backward gathers the next block while one runs (two gathered), and the running block's
+        # gradient exists whole until it is reduce-scattered; the previous block's reduce-scatter
+        # input is held too, but by then the block's activations are gone: at the step's peak (the
+        # start of backward, every activation alive) it adds nothing
+        temporaries += 2 * gathered + largest_block
     return RankMemory(
         parameters=int(params),
         gradients=int(grads_at_peak),
