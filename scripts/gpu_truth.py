@@ -518,8 +518,8 @@ def check_fit(run: Run) -> Callable[[Check], None]:
 
         if not run.cuda:
             raise NotRun(
-                "nbt.fit predicts a GPU's allocator peak; on the CPU it is checked against real ranks by "
-                "tests/cluster/test_fit_verify.py"
+                "CUDA only: nbt.fit predicts a GPU allocator's peak (on the CPU it is checked against real "
+                "ranks by tests/cluster/test_fit_verify.py)"
             )
         props = torch.cuda.get_device_properties(0)
         card = Card(name=props.name, memory_bytes=int(props.total_memory), flops={"fp32": 1e14, "bf16": 1e15},
