@@ -64,6 +64,27 @@ class Verification(Result):
                 f"{html_table(self._display())}</div>")
 
 
+def _peak_bytes(result: dict[str, Any]) -> int:
+    """A rank's peak as :func:`~nbtoolkit.integrations.rank_measure.time_and_profile_on_rank` measures
+    it (GPU: the allocator's peak; CPU: live tensors when profiling starts plus the profiler's
+    highest "Total Allocated"), with one correction on CPU: that total is a process-wide running
+    count that never hears of frees of what an earlier profiling session allocated, so it drifts up
+    from one configuration to the next on the same ranks (+10 MiB a row on the MLP stack). Here the
+    growth is counted from its value before this session's first event, read from the same trace."""
+    import gzip
+    import json
+
+    events = [
+        e["args"] for e in json.loads(gzip.decompress(result["trace_gz"])).get("traceEvents", [])
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+    ]
+    if not events:  # a GPU rank (profiled without memory events: its peak is the allocator's)
+        return int(result["peak_bytes"])
+    start = int(events[0].get("Total Allocated", 0)) - int(events[0].get("Bytes", 0))
+    growth = max(0, *(int(e.get("Total Allocated", 0)) - start for e in events))
+    return int(result["state_bytes"]) + growth
+
+
 def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:
     """``fit``: the FitResult (not imported here: it imports this module to verify itself)."""
     import pandas as pd
@@ -102,7 +123,7 @@ def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: in
             measure_on_rank, strategy, model_fn, batch_fn, micro_batch=micro, measure=measure,
             loss_fn=loss_fn, blocks=blocks, zero_bucket=bucket,
         ))
-        peaks = [int(r["peak_bytes"]) for r in results]
+        peaks = [_peak_bytes(r) for r in results]
         measured = max(peaks)
         predicted = int(row["predicted_peak_bytes"])
         if strategy == "ddp":

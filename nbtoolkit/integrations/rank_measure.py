@@ -49,29 +49,6 @@ def live_bytes_before_model() -> int:
     return 0 if torch.cuda.is_available() else live_tensor_bytes()
 
 
-def _profiled_growth(trace_gz: bytes) -> int:
-    """The highest CPU "Total Allocated" of a profiled session, counted from its value before the
-    session's first memory event.
-
-    That total is torch's process-wide count of CPU allocations made while memory profiling was on
-    (c10's ProfiledCPUMemoryReporter), lowered only by frees that happen while it is on: a tensor
-    allocated in one profiling session and freed after it ends (a step's last gradients, a
-    DeepSpeed buffer released by ``engine.destroy``) stays in the count for good. Read absolutely,
-    each later configuration measured in the same rank process would start higher than the one
-    before (+10 MiB a configuration on nbt.fit's MLP stack)."""
-    import gzip
-    import json
-
-    events = [
-        e["args"] for e in json.loads(gzip.decompress(trace_gz)).get("traceEvents", [])
-        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
-    ]
-    if not events:
-        return 0
-    start = int(events[0].get("Total Allocated", 0)) - int(events[0].get("Bytes", 0))
-    return max(0, *(int(e.get("Total Allocated", 0)) - start for e in events))
-
-
 def time_and_profile_on_rank(
     step: Callable[[], float], *, before: int, measure: MeasureConfig
 ) -> dict[str, Any]:
@@ -80,12 +57,13 @@ def time_and_profile_on_rank(
 
     Returns ``step_times_s``, ``trace_gz`` (the profiled steps' trace), ``peak_bytes`` (GPU: the
     allocator's peak over the profiled steps; CPU: the configuration's live tensors when profiling
-    starts, beyond ``before``, plus the highest growth of the profiler's "Total Allocated" over
-    the profiled steps, :func:`_profiled_growth`), ``state_bytes`` (that live part) and ``loss``
-    (the last step's).
+    starts, beyond ``before``, plus the profiler's highest "Total Allocated"), ``state_bytes`` (that
+    live part) and ``loss`` (the last step's).
     """
     import dataclasses
     import gc
+    import gzip
+    import json
 
     import torch
     import torch.distributed as dist
@@ -106,7 +84,13 @@ def time_and_profile_on_rank(
     if cuda:
         peak = int(torch.cuda.max_memory_allocated())
     else:
-        peak = base + _profiled_growth(profiled["trace_gz"])
+        doc = json.loads(gzip.decompress(profiled["trace_gz"]))
+        growth = [
+            int(e["args"].get("Total Allocated", 0))
+            for e in doc.get("traceEvents", [])
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+        ]
+        peak = base + max([0, *growth])
     return {
         "step_times_s": times,
         "trace_gz": profiled["trace_gz"],
