@@ -30,6 +30,10 @@ The checks (issue "GPU truth"):
  9. offload (issue 36): every block's saved activations in host memory (save_on_cpu, what a
     recomputation plan's "offload" applies): max_memory_allocated no higher than keeping them,
     the loss unchanged. Not run on the CPU, where the planner never offers offload.
+10. nbt.fit (issue 37) for the card it runs on: one rank, an MLP stack of about 1 GiB of fp32
+    weights, fp32 and bf16 autocast, without and with every block recomputed: the predicted peak
+    (before the allocator margin) within 10% of torch.cuda.max_memory_allocated over a real AdamW
+    step. Not run on the CPU (its CPU check on 2 and 4 ranks: tests/cluster/test_fit_verify.py).
 """
 
 from __future__ import annotations
@@ -445,6 +449,97 @@ def check_offload(run: Run) -> Callable[[Check], None]:
     return body
 
 
+def _fit_stack() -> Any:
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(2048, 8192), torch.nn.Linear(8192, 2048)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(8))
+
+        def forward(self, x: Any) -> Any:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    return Stack()
+
+
+def _fit_batch(micro_batch: int) -> Any:
+    import torch
+
+    return torch.randn(micro_batch, 2048), torch.randn(micro_batch, 2048)
+
+
+def _fit_measured_peak(run: Run, recompute: str, amp: str, micro: int) -> int:
+    """torch.cuda.max_memory_allocated over check 10's second real step (AdamW's state exists from
+    the first), beyond what was allocated before the model."""
+    import torch
+
+    from nbtoolkit.recompute.checkpoint import checkpoint_modules
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.manual_seed(0)
+    model = _fit_stack().to(run.device)
+    if recompute == "all":
+        checkpoint_modules({str(i): b for i, b in enumerate(model.blocks)})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = (t.to(run.device) for t in _fit_batch(micro))
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp == "bf16"):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    with fresh_peak(run):
+        step()
+    return int(torch.cuda.max_memory_allocated()) - base
+
+
+def check_fit(run: Run) -> Callable[[Check], None]:
+    def body(check: Check) -> None:
+        import torch
+
+        import nbtoolkit as nbt
+        from nbtoolkit.capacity.cards import Card
+
+        if not run.cuda:
+            raise NotRun(
+                "CUDA only: nbt.fit predicts a GPU allocator's peak (on the CPU it is checked against real "
+                "ranks by tests/cluster/test_fit_verify.py)"
+            )
+        props = torch.cuda.get_device_properties(0)
+        card = Card(name=props.name, memory_bytes=int(props.total_memory), flops={"fp32": 1e14, "bf16": 1e15},
+                    intra_node_Bps=1e11, source="torch.cuda.get_device_properties (flops: placeholders)")
+        micro = 4096
+        fit = nbt.fit(_fit_stack, _fit_batch, (1, card), strategies="ddp", recompute=("none", "all"),
+                      micro_batches=(micro,), amp=("bf16", None))
+        for _, row in fit.frame.iterrows():
+            measured = _fit_measured_peak(run, str(row["recompute"]), str(row["amp"]), micro)
+            predicted = int(row["predicted_peak_bytes"])
+            name = f"{row['amp']}_{row['recompute']}"
+            check.record(**{f"{name}_predicted_bytes": predicted, f"{name}_measured_bytes": measured,
+                            f"{name}_needed_bytes": int(row["needed_bytes"])})
+            check.expect(within(predicted, measured, 0.10),
+                         f"{name}: predicted {predicted} bytes, measured {measured} (more than 10% apart)")
+        check.record(card_memory_bytes=card.memory_bytes)
+
+    return body
+
+
 def interleaved(steps: dict[str, Callable[[], Any]], run: Run, rounds: int) -> dict[str, float]:
     """Median seconds per step of each, measured A B A B ... (CUDA events on a GPU)."""
     import torch
@@ -793,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
             check_timeline_lod(run),
         ),
         ("9 offload", "torch.cuda.max_memory_allocated keeping vs offloading; losses", check_offload(run)),
+        ("10 fit", "torch.cuda.max_memory_allocated of the predicted configurations", check_fit(run)),
     ]
     for name, reference, body in checks:
         if args.only and not any(

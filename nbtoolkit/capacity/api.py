@@ -2,26 +2,34 @@
 
     table = nbt.fit(make_model, make_batch, devices="8xH100-80GB")
     table.frame          # one row per (strategy, recompute, micro-batch, amp)
+                         # recompute "auto": the fewest blocks checkpointed for the row to fit
     table.recommended    # the fastest predicted row that fits with the allocator margin
     table.verify(cluster, rows=[...])   # run rows on real ranks, measured peak beside predicted
 
-One fake step is traced per (micro-batch, recompute, amp) (:mod:`nbtoolkit.capacity.tracing`); each
+One fake step is traced per (micro-batch, blocks recomputed, amp) (:mod:`nbtoolkit.capacity.tracing`); each
 strategy's per-rank memory follows from it (:mod:`nbtoolkit.capacity.strategies`), and its time
 from a roofline (:mod:`nbtoolkit.capacity.step_time`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from nbtoolkit.capacity.cards import parse_devices
-from nbtoolkit.capacity.recompute_blocks import RECOMPUTE
+from nbtoolkit.capacity.recompute_blocks import RECOMPUTE, apply_recompute
 from nbtoolkit.capacity.result import FitResult, FitSetup
 from nbtoolkit.capacity.step_time import step_time
-from nbtoolkit.capacity.strategies import CATEGORIES, STRATEGIES, ZERO_REDUCE_BUCKET, rank_memory
-from nbtoolkit.capacity.tracing import trace_step
+from nbtoolkit.capacity.strategies import (
+    CATEGORIES,
+    STRATEGIES,
+    ZERO_REDUCE_BUCKET,
+    RankMemory,
+    rank_memory,
+)
+from nbtoolkit.capacity.tracing import StepTrace, trace_step
 from nbtoolkit.core.errors import NbtUsageError
 
 __all__ = ["ALLOCATOR_FRACTION", "RUNTIME_RESERVE", "fit"]
@@ -82,23 +90,39 @@ def fit(
         )
 
     rows = []
-    traces = {}
+    traces: dict[tuple[int, str | None, int], StepTrace] = {}
+
+    def traced(mb: int, precision: str | None, checkpointed: int) -> StepTrace:
+        """The step with the first ``checkpointed`` blocks recomputed, traced once and shared by every
+        strategy and recompute setting that asks for that count."""
+        key = (mb, precision, checkpointed)
+        if key not in traces:
+            traces[key] = trace_step(make_model, make_batch, micro_batch=mb, recompute="none",
+                                     amp=precision, optimizer=optimizer, loss_fn=loss_fn, blocks=blocks,
+                                     checkpointed=checkpointed)
+        return traces[key]
+
     for mb, setting, precision in itertools.product(micro, recomputes, amps):
-        trace = trace_step(make_model, make_batch, micro_batch=mb, recompute=setting, amp=precision,
-                           optimizer=optimizer, loss_fn=loss_fn, blocks=blocks)
-        traces[(mb, setting, precision)] = trace
         for strategy in strategies:
+            if setting == "auto":
+                count, trace = _plan_auto(functools.partial(traced, mb, precision), strategy, world,
+                                          precision, capacity=card.memory_bytes, zero_bucket=zero_bucket)
+            else:
+                whole = len(traced(mb, precision, 0).block_parameter_bytes)
+                if setting == "all" and not whole:
+                    apply_recompute([])  # the clear error: nothing to checkpoint
+                count = whole if setting == "all" else 0
+                trace = traced(mb, precision, count)
             if strategy in ("zero3", "fsdp2") and world > 1 and not trace.block_parameter_bytes:
                 _no_blocks(strategy)
-            memory = rank_memory(trace, strategy, world, precision, zero_bucket=zero_bucket)
+            memory, needed = _needed(trace, strategy, world, precision, zero_bucket)
             timing = step_time(trace, card, strategy, world, precision)
-            margin = int(memory.total * ALLOCATOR_FRACTION) + RUNTIME_RESERVE
-            needed = memory.total + margin
             rows.append({
                 "strategy": strategy, "recompute": setting, "micro_batch": mb, "amp": precision or "fp32",
+                "recomputed_blocks": count, "blocks": len(trace.block_parameter_bytes),
                 **{f"{c}_bytes": getattr(memory, c) for c in CATEGORIES},
                 "predicted_peak_bytes": memory.total,
-                "allocator_margin_bytes": margin,
+                "allocator_margin_bytes": needed - memory.total,
                 "needed_bytes": needed,
                 "fits": needed <= card.memory_bytes,
                 "headroom_bytes": card.memory_bytes - needed,
@@ -111,6 +135,41 @@ def fit(
                      optimizer=optimizer, loss_fn=loss_fn, blocks=blocks, zero_bucket=zero_bucket,
                      parameter_count=next(iter(traces.values())).parameter_count)
     return FitResult.from_rows(rows, setup)
+
+
+def _needed(
+    trace: StepTrace, strategy: str, world: int, precision: str | None, zero_bucket: int
+) -> tuple[RankMemory, int]:
+    """The rank's predicted peak, and what it needs with the allocator margin and runtime reserve."""
+    memory = rank_memory(trace, strategy, world, precision, zero_bucket=zero_bucket)
+    return memory, memory.total + int(memory.total * ALLOCATOR_FRACTION) + RUNTIME_RESERVE
+
+
+def _plan_auto(
+    traced: Callable[[int], StepTrace], strategy: str, world: int, precision: str | None, *,
+    capacity: int, zero_bucket: int,
+) -> tuple[int, StepTrace]:
+    """``recompute="auto"``: the fewest of the first blocks to checkpoint for the row to fit ``capacity``
+    (none when it fits as it is; all when even that does not fit). The count is first estimated
+    linearly between no block and every block (the blocks repeat, so each saves about as much), then
+    checked and corrected with real traces of that count."""
+    import math
+
+    def needed(k: int) -> int:
+        return _needed(traced(k), strategy, world, precision, zero_bucket)[1]
+
+    whole = len(traced(0).block_parameter_bytes)
+    if whole == 0 or needed(0) <= capacity:
+        return 0, traced(0)
+    if needed(whole) > capacity:
+        return whole, traced(whole)
+    per_block = (needed(0) - needed(whole)) / whole
+    count = min(whole, max(1, math.ceil((needed(0) - capacity) / per_block)))
+    while count < whole and needed(count) > capacity:
+        count += 1
+    while count > 1 and needed(count - 1) <= capacity:
+        count -= 1
+    return count, traced(count)
 
 
 def _no_blocks(strategy: str) -> None:

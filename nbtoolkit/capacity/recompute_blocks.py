@@ -1,6 +1,10 @@
 """The repeated blocks of a model: the unit ZeRO-3 and FSDP2 gather, and what ``recompute="all"``
 checkpoints. Found as the recompute planner and FSDP2's wrapper find them, so the prediction
-shards and checkpoints exactly what the real run does."""
+shards and checkpoints exactly what the real run does.
+
+``recompute="auto"`` checkpoints the first k blocks, k the fewest that make the row fit the card
+(chosen in :mod:`nbtoolkit.capacity.api`): the first blocks' activations are the ones held longest.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ from nbtoolkit.core.errors import NbtUsageError
 
 __all__ = ["RECOMPUTE", "apply_recompute", "block_modules", "checkpointed_model_fn"]
 
-#: recompute settings nbt.fit knows: nothing checkpointed, or every repeated block
-RECOMPUTE = ("none", "all")
+#: recompute settings nbt.fit knows: nothing checkpointed, the fewest blocks that fit, every block
+RECOMPUTE = ("none", "auto", "all")
 
 
 def block_modules(model: Any, names: Sequence[str] | None) -> list[Any]:
@@ -36,14 +40,18 @@ def apply_recompute(modules: Sequence[Any]) -> None:
     checkpoint_modules({str(i): m for i, m in enumerate(modules)})
 
 
-def _build_checkpointed(model_fn: Callable[[], Any], blocks: Sequence[str] | None) -> Any:
+def _build_checkpointed(model_fn: Callable[[], Any], blocks: Sequence[str] | None, count: int | None) -> Any:
     model = model_fn()
-    apply_recompute(block_modules(model, blocks))
+    modules = block_modules(model, blocks)
+    apply_recompute(modules if count is None else modules[:count])
     return model
 
 
-def checkpointed_model_fn(model_fn: Callable[[], Any], blocks: Sequence[str] | None) -> Callable[[], Any]:
-    """A model function for the ranks that builds the model with every repeated block checkpointed."""
+def checkpointed_model_fn(
+    model_fn: Callable[[], Any], blocks: Sequence[str] | None, count: int | None = None
+) -> Callable[[], Any]:
+    """A model function for the ranks that builds the model with its first ``count`` repeated blocks
+    checkpointed (every one when None)."""
     import functools
 
-    return functools.partial(_build_checkpointed, model_fn, blocks)
+    return functools.partial(_build_checkpointed, model_fn, blocks, count)

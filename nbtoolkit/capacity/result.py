@@ -119,4 +119,7 @@ class FitResult(Result):
 
 def _label(row: Any) -> str:
     recompute = "" if row["recompute"] == "none" else f", recompute {row['recompute']}"
+    if row["recompute"] == "auto":
+        recompute += (f" ({row['recomputed_blocks']} of {row['blocks']} blocks)" if row["blocks"]
+                      else " (no repeated blocks: none)")
     return f"{row['strategy']}, micro-batch {row['micro_batch']}, {row['amp']}{recompute}"

@@ -11,7 +11,8 @@ shard of, and adds the buffers its collectives need. Per rank and strategy::
 
 where ``g`` and ``o`` are 1 or 1/N (below). Categories reported at that peak: parameters,
 gradients, optimizer state, activations (transients saved by forward), temporaries (the rest
-of the transients, and the gathered blocks of ZeRO-3 / FSDP2), communication buckets.
+of the transients, and the gathered blocks of ZeRO-3 / FSDP2), communication buckets. The
+batch (``make_batch``'s tensors, alive through the step) is counted with the activations.
 
 What each strategy holds, as the real implementations do (the ones ``FitResult.verify`` runs):
 
@@ -24,13 +25,18 @@ What each strategy holds, as the real implementations do (the ones ``FitResult.v
     2 + 2 + 12 = 16 bytes per parameter over the stages. Stage 1 shards the optimizer state,
     2 the gradients too, 3 the parameters too (each block gathered while it runs). Gradients
     are reduced through a bucket of ``reduce_bucket_size`` elements (DeepSpeed's 5e8 default), into a
-    partition buffer (stages 2 and 3) allocated whole. Stage 3 keeps gathered parameters until
-    ``stage3_max_live_parameters`` (1e9 elements) are live, so a smaller model stays gathered.
+    partition buffer (stages 2 and 3) allocated whole. Stage 3 gathers a parameter into a new
+    whole-size tensor and keeps its partition beside it (``ds_tensor``): the gathered copy is in
+    addition to the 1/N share, not instead of it. Gathered parameters stay until
+    ``stage3_max_live_parameters`` (1e9 elements) plus the ``stage3_prefetch_bucket_size`` (5e7)
+    ahead are live, so a smaller model stays gathered through forward and backward. Parameters
+    under ``stage3_param_persistence_threshold`` (1e5 elements) are never partitioned.
 ``fsdp2`` (torch ``fully_shard`` per repeated block, AdamW over the shards)
     parameters, gradients and optimizer state as 1/N shards; the block that runs is gathered
     (in bf16 under ``amp="bf16"``), and its whole gradient exists until it is reduce-scattered;
-    backward prefetches the next block's gather and overlaps the previous one's reduce-scatter,
-    so two blocks of each are counted.
+    backward prefetches the next block's gather, so two gathered blocks and one block's whole
+    gradient are counted (the previous block's reduce-scatter input, held while the next block
+    runs, coincides with freed activations, not with the peak).
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ CATEGORIES = (
 
 #: DeepSpeed's default stage3_max_live_parameters (elements)
 ZERO3_LIVE_PARAMETERS = 1_000_000_000
+#: DeepSpeed's default stage3_prefetch_bucket_size (elements): gathered ahead of the running module
+ZERO3_PREFETCH_BUCKET = 50_000_000
+#: DeepSpeed's default stage3_param_persistence_threshold (elements): smaller parameters stay whole
+ZERO3_PERSISTENCE_THRESHOLD = 100_000
 #: DeepSpeed's default reduce_bucket_size (elements)
 ZERO_REDUCE_BUCKET = 500_000_000
 
@@ -100,6 +110,7 @@ def rank_memory(
     _, grads_at_peak, fb_at_peak, opt_at_peak = best
     activations = min(fb_at_peak, trace.activation_bytes())
     temporaries = fb_at_peak - activations + opt_at_peak
+    activations += trace.state_bytes("input")
     buckets = 0.0
     if strategy == "ddp":
         buckets = grads_whole if n > 1 else 0
@@ -113,16 +124,22 @@ def rank_memory(
             # the partition's gradient buffer (contiguous_gradients, on by default) is allocated whole
             grads_at_peak += grads_whole * low / n
         if strategy == "zero3":
-            params = params / n
+            small = (b for b in trace.parameter.values() if b / param_size < ZERO3_PERSISTENCE_THRESHOLD)
+            persistent = low * sum(small)
+            params = (params - persistent) / n + persistent
             # gathered parameters are released only past max_reuse_distance (1e9 by default), up to
-            # max_live_parameters (1e9 elements): a model below that stays gathered through backward
-            temporaries += min(count, ZERO3_LIVE_PARAMETERS) * _dtype_bytes(amp) - params
+            # max_live_parameters (1e9 elements) plus the prefetch bucket: a model below that stays
+            # gathered through backward. Each gathered tensor is new memory beside its partition.
+            live = min(count, ZERO3_LIVE_PARAMETERS + ZERO3_PREFETCH_BUCKET)
+            temporaries += live * _dtype_bytes(amp) - persistent
     elif strategy == "fsdp2":
         params = params / n
         gathered = largest_block * (_dtype_bytes(amp) / param_size)
-        # backward gathers the next block while one runs, and reduce-scatters the previous block's
-        # whole gradient while the current one is computed: two of each
-        temporaries += 2 * (gathered + largest_block)
+        # backward gathers the next block while one runs (two gathered), and the running block's
+        # gradient exists whole until it is reduce-scattered; the previous block's reduce-scatter
+        # input is held too, but by then the block's activations are gone: at the step's peak (the
+        # start of backward, every activation alive) it adds nothing
+        temporaries += 2 * gathered + largest_block
     return RankMemory(
         parameters=int(params),
         gradients=int(grads_at_peak),

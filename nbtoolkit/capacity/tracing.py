@@ -252,8 +252,11 @@ def trace_step(
     optimizer: str,
     loss_fn: Callable[[Any, Any], Any] | None,
     blocks: Sequence[str] | None,
+    checkpointed: int | None = None,
 ) -> StepTrace:
-    """Build the model and batch under fake tensors and trace one training step (see module doc)."""
+    """Build the model and batch under fake tensors and trace one training step (see module doc).
+
+    ``recompute="all"`` checkpoints every repeated block; ``checkpointed=k`` the first k (0: none)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -282,7 +285,10 @@ def trace_step(
         trace.block_parameter_bytes = [
             sum(p.numel() * p.element_size() for p in m.parameters()) for m in modules
         ]
-        if recompute == "all":
+        if checkpointed is not None:
+            if checkpointed:
+                apply_recompute(modules[:checkpointed])
+        elif recompute == "all":
             apply_recompute(modules)
         trace.parameter_count = sum(p.numel() for p in params)
         opt = _optimizer(optimizer, params)

@@ -41,7 +41,12 @@ class Verification(Result):
 
         f = self.frame
         return pd.DataFrame({
-            "strategy": f["strategy"], "recompute": f["recompute"], "micro batch": f["micro_batch"],
+            "strategy": f["strategy"],
+            "recompute": [
+                r if r != "auto" else f"auto ({k} of {b})"
+                for r, k, b in zip(f["recompute"], f["recomputed_blocks"], f["blocks"], strict=True)
+            ],
+            "micro batch": f["micro_batch"],
             "predicted": [format_bytes(v) for v in f["compared_bytes"]],
             "measured": [format_bytes(v) for v in f["measured_peak_bytes"]],
             "error": [f"{e:+.1%}" for e in f["error"]],
@@ -109,8 +114,8 @@ def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: in
                 f"row {index} is in {row['amp']}: verify runs rows in full precision (amp=None) on CPU ranks"
             )
         model_fn = setup.make_model
-        if row["recompute"] == "all":
-            model_fn = checkpointed_model_fn(model_fn, setup.blocks)
+        if int(row["recomputed_blocks"]):
+            model_fn = checkpointed_model_fn(model_fn, setup.blocks, int(row["recomputed_blocks"]))
         batch_fn = functools.partial(batch_for_rank, setup.make_batch, int(row["micro_batch"]))
         strategy, micro, blocks = str(row["strategy"]), int(row["micro_batch"]), setup.blocks
         bucket = setup.zero_bucket

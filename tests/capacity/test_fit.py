@@ -146,7 +146,13 @@ def test_strategies_shard_what_they_say_and_the_table_recommends_a_fitting_row()
                      zero_bucket=1000)
     rows = result.frame.set_index("strategy")
     assert rows.loc["ddp", "optimizer_state_bytes"] == 4 * rows.loc["fsdp2", "optimizer_state_bytes"]
-    assert rows.loc["zero3", "parameters_bytes"] * 4 == rows.loc["zero1", "parameters_bytes"]
+    # ZeRO-3 shards every parameter but those under DeepSpeed's persistence threshold (the MLP's
+    # biases and its 256 x 256 head), which each rank keeps whole
+    model = mlp_stack()
+    whole = sum(p.numel() * 4 for p in model.parameters() if p.numel() < 100_000)
+    sharded = sum(p.numel() * 4 for p in model.parameters()) - whole
+    assert rows.loc["zero1", "parameters_bytes"] == sharded + whole
+    assert rows.loc["zero3", "parameters_bytes"] == sharded // 4 + whole
     assert rows.loc["zero2", "gradients_bytes"] < rows.loc["zero1", "gradients_bytes"]
     # collectives: ZeRO-3 / FSDP2 move parameters twice and gradients once, DDP all-reduces
     assert rows.loc["fsdp2", "communication_s"] > rows.loc["zero1", "communication_s"]
@@ -172,3 +178,27 @@ def test_fit_magic_calls_the_api() -> None:
     assert list(out.frame["strategy"]) == ["ddp", "fsdp2", "ddp", "fsdp2"]
     assert list(out.frame["micro_batch"]) == [8, 8, 16, 16]
     assert shell.user_ns["plan"] is out
+
+
+def test_recompute_auto_checkpoints_the_fewest_blocks_that_fit() -> None:
+    """On a card between ZeRO-3's needs with no block and every block recomputed, "auto" checkpoints
+    k of the 4 blocks: with k the row fits, with k - 1 (traced for real) it does not."""
+    import nbtoolkit as nbt
+    from nbtoolkit.capacity.api import _needed
+    from nbtoolkit.capacity.cards import Card
+    from nbtoolkit.capacity.strategies import ZERO_REDUCE_BUCKET
+    from nbtoolkit.capacity.tracing import trace_step
+
+    ends = nbt.fit(mlp_stack, mlp_batch, (2, "H100-80GB"), strategies="zero3", recompute=("none", "all"),
+                   micro_batches=(512,), amp=None).frame.set_index("recompute")["needed_bytes"]
+    card = Card(name="halfway", memory_bytes=int(ends["none"] + ends["all"]) // 2, flops={"fp32": 1e12},
+                intra_node_Bps=1e9, source="a test's card")
+    auto = nbt.fit(mlp_stack, mlp_batch, (2, card), strategies="zero3", recompute="auto",
+                   micro_batches=(512,), amp=None)
+    row = auto.frame.iloc[0]
+    count = int(row["recomputed_blocks"])
+    assert 0 < count < int(row["blocks"]) == 4 and bool(row["fits"])
+    fewer = trace_step(mlp_stack, mlp_batch, micro_batch=512, recompute="none", amp=None, optimizer="adamw",
+                       loss_fn=None, blocks=None, checkpointed=count - 1)
+    assert _needed(fewer, "zero3", 2, None, ZERO_REDUCE_BUCKET)[1] > card.memory_bytes
+    assert f"recompute auto ({count} of 4 blocks)" in repr(auto)
