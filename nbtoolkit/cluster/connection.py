@@ -231,7 +231,7 @@ def attach_local(*, num_cpus: int, num_gpus: int | None, object_store_bytes: int
                 log_to_driver=False,  # rank output reaches the notebook through nbtoolkit, prefixed
                 object_store_memory=object_store_bytes,
                 configure_logging=False,
-                _node_ip_address=_loopback_when_no_route(),
+                **_loopback_when_no_route(),
             )
             break
         except Exception as exc:
@@ -251,8 +251,8 @@ def attach_local(*, num_cpus: int, num_gpus: int | None, object_store_bytes: int
     return Attachment(address=address, token=_local_token, started_here=True, saved_env=saved)
 
 
-def _loopback_when_no_route() -> str | None:
-    """``"127.0.0.1"`` for ray.init's ``_node_ip_address`` on a machine with no route out, else None.
+def _loopback_when_no_route() -> dict[str, str]:
+    """``_node_ip_address="127.0.0.1"`` for ray.init on a machine with no route out, else nothing.
 
     Without an address Ray asks the kernel for a route to 8.8.8.8, and where there is none (a
     private network namespace, an offline machine) its C++ side prints "Failed to determine local
@@ -266,8 +266,8 @@ def _loopback_when_no_route() -> str | None:
         try:
             probe.connect(("8.8.8.8", 53))
         except OSError:
-            return "127.0.0.1"
-    return None  # Ray picks the address itself, as without this argument
+            return {"_node_ip_address": "127.0.0.1"}
+    return {}
 
 
 def _kill_own_ray_children() -> None:
