@@ -231,7 +231,6 @@ def attach_local(*, num_cpus: int, num_gpus: int | None, object_store_bytes: int
                 log_to_driver=False,  # rank output reaches the notebook through nbtoolkit, prefixed
                 object_store_memory=object_store_bytes,
                 configure_logging=False,
-                **_loopback_when_no_route(),
             )
             break
         except Exception as exc:
@@ -249,25 +248,6 @@ def attach_local(*, num_cpus: int, num_gpus: int | None, object_store_bytes: int
                 ) from exc
     address = info.address_info["gcs_address"]  # type: ignore[attr-defined]  # ray.init gives a RayContext
     return Attachment(address=address, token=_local_token, started_here=True, saved_env=saved)
-
-
-def _loopback_when_no_route() -> dict[str, str]:
-    """``_node_ip_address="127.0.0.1"`` for ray.init on a machine with no route out, else nothing.
-
-    Without an address Ray asks the kernel for a route to 8.8.8.8, and where there is none (a
-    private network namespace, an offline machine) its C++ side prints "Failed to determine local
-    IP via external connectivity to: 8.8.8.8:53 ..." to stderr, into the notebook's cell output,
-    before falling back to loopback anyway. The same question asked here (a UDP connect sends no
-    packet) lets us name loopback first, so the line never appears.
-    """
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("8.8.8.8", 53))
-        except OSError:
-            return {"_node_ip_address": "127.0.0.1"}
-    return {}
 
 
 def _kill_own_ray_children() -> None:
