@@ -74,6 +74,9 @@ _LAZY_EXPORTS: dict[str, str] = {
     "critical_path_by_rank": "nbtoolkit.trace.critical_path_analysis",
     "export_memory_snapshot": "nbtoolkit.memory.snapshot_export",
     "fit": "nbtoolkit.capacity.api",
+    "fsdp2_memory": "nbtoolkit.integrations.fsdp2.profile",
+    "fsdp2_overlap": "nbtoolkit.integrations.fsdp2.profile",
+    "fsdp2_sweep": "nbtoolkit.integrations.fsdp2.sweep",
     "idle_breakdown": "nbtoolkit.trace.api",
     "kernel_breakdown": "nbtoolkit.trace.api",
     "load_compile_log": "nbtoolkit.compile.log_reader",
@@ -155,6 +158,8 @@ if TYPE_CHECKING:  # give type checkers and IDEs the real names
     from nbtoolkit.integrations.deepspeed.config import zero_config
     from nbtoolkit.integrations.deepspeed.graph_breaks import zero_graph_breaks
     from nbtoolkit.integrations.deepspeed.sweep import zero_sweep
+    from nbtoolkit.integrations.fsdp2.profile import fsdp2_memory, fsdp2_overlap
+    from nbtoolkit.integrations.fsdp2.sweep import fsdp2_sweep
     from nbtoolkit.integrations.recompute_strategies import plan_recompute_on
     from nbtoolkit.memory.api import memory_imbalance
     from nbtoolkit.memory.breakdown import memory_by
