@@ -178,15 +178,16 @@ def _notebook_front_end() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-_loaded_in_kernel = False
-
-
 def _load_holoviews_js(hv: Any) -> None:
-    """hv.extension once per kernel: it displays the bokeh JS the heatmaps need in the page."""
-    global _loaded_in_kernel
-    if not _loaded_in_kernel:
+    """hv.extension once per kernel: it displays the bokeh JS the heatmaps need in the page.
+
+    Skipped when the user already ran ``hv.extension(...)`` in this kernel, so their choice
+    stands (``hv.extension("bokeh", inline=True)`` on a machine that cannot reach the CDN).
+    """
+    from holoviews.ipython import notebook_extension
+
+    if not notebook_extension._loaded:
         hv.extension("bokeh", logo=False)
-        _loaded_in_kernel = True
 
 
 def _new_view(
