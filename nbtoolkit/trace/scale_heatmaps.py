@@ -7,7 +7,12 @@ column): step time, exposed communication, overlap %. They come from the per-ran
 Why HoloViews, in the ``views`` extra: at thousands of ranks plotly's heatmap sends every cell
 as JSON with its hover text and its figure grows with the cells; a HoloViews ``Image`` is one
 raster the browser draws at once, and its ``Tap`` stream gives the rank and step of the cell
-chosen, which ``on_select`` receives (:func:`cell_timeline` opens that rank's timeline widget).
+chosen, which ``on_select`` receives.
+
+What the notebook shows is one widget box (an ipywidgets ``VBox``, made by :func:`_view_class`): the
+heatmaps, a line naming the chosen cell ("rank R, step S") and, under it, that rank's timeline
+widget. A click replaces the box's children from the kernel (widget state, no output capture),
+so the timeline appears under the heatmaps whichever cell or callback the click arrives in.
 datashader is not needed: ranks x steps is at most a few hundred
 thousand cells, one raster already. plotly stays the default of the small views
 (``summary.figures()``).
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from nbtoolkit.trace.summary import TraceSummary
     from nbtoolkit.trace.trace import Trace
 
-__all__ = ["cell_timeline", "rank_heatmaps"]
+__all__ = ["cell_timeline", "heatmap_layout", "rank_heatmaps"]
 
 _DEFAULT_VALUES: tuple[HeatmapValue, ...] = ("step_time_ms", "exposed_comm_ms", "overlap_pct")
 
@@ -73,7 +78,36 @@ def rank_heatmaps(
     values: Sequence[HeatmapValue] = _DEFAULT_VALUES,
     on_select: Callable[[int, int], Any] | None = None,
 ) -> Any:
-    """Ranks x iterations heatmaps (HoloViews ``Layout`` of ``Image``s, one per value).
+    """Ranks x iterations heatmaps as one widget box; a click on a cell shows that rank and step.
+
+    Args:
+        trace: a Trace (``nbt.load_trace(folder)``, any number of ranks) or a TraceSummary.
+        values: which numbers, among ``step_time_ms``, ``exposed_comm_ms``, ``overlap_pct``.
+        on_select: also called with ``(rank, step)`` on each click (after the box shows it).
+
+    The box shows the heatmaps, then "rank R, step S" of the last cell clicked and that rank's
+    timeline widget (only that rank's events are read). From a TraceSummary (no events) the
+    line says so instead. ``view.hv_layout`` is the HoloViews layout, ``view.streams`` its Tap
+    streams, ``view.selected`` the last ``(rank, step)``, ``view.timeline`` the widget shown.
+    """
+    from nbtoolkit.trace.trace import Trace
+
+    layout = heatmap_layout(trace, values=values)
+    opener = cell_timeline(trace, display_it=False) if isinstance(trace, Trace) else None
+    view = _new_view(layout, opener, on_select)
+    ranks, steps = np.asarray(layout.cells["ranks"]), np.asarray(layout.cells["steps"])
+    for tap in layout.streams:
+        tap.add_subscriber(_cell_callback(ranks, steps, view.show_cell))
+    return view
+
+
+def heatmap_layout(
+    trace: Trace | TraceSummary,
+    *,
+    values: Sequence[HeatmapValue] = _DEFAULT_VALUES,
+    on_select: Callable[[int, int], Any] | None = None,
+) -> Any:
+    """The HoloViews ``Layout`` of the heatmaps (one ``Image`` per value), each with a ``Tap`` stream.
 
     Args:
         trace: a Trace (``nbt.load_trace(folder)``, any number of ranks) or a TraceSummary.
@@ -134,29 +168,119 @@ def _cell_callback(ranks: np.ndarray, steps: np.ndarray, on_select: Callable[[in
     return chosen
 
 
-def cell_timeline(trace: Trace, shown: list[Any] | None = None) -> Callable[[int, int], Any]:
+def _notebook_front_end() -> bool:
+    """True in a running kernel (JupyterLab, Notebook, VS Code): widgets and HoloViews' JS can show."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _load_holoviews_js(hv: Any) -> None:
+    """hv.extension once per kernel: it displays the bokeh JS the heatmaps need in the page.
+
+    Skipped when the user already ran ``hv.extension(...)`` in this kernel, so their choice
+    stands (``hv.extension("bokeh", inline=True)`` on a machine that cannot reach the CDN).
+    """
+    from holoviews.ipython import notebook_extension
+
+    if not notebook_extension._loaded:
+        hv.extension("bokeh", logo=False)
+
+
+def _new_view(
+    layout: Any, opener: Callable[[int, int], Any] | None, on_select: Callable[[int, int], Any] | None
+) -> Any:
+    """The widget box of :func:`rank_heatmaps` (see :func:`_view_class`)."""
+    return _view_class()(layout, opener, on_select)
+
+
+_VIEW_CLASS: Any = None
+
+
+def _view_class() -> Any:
+    """The ipywidgets ``VBox`` subclass, defined on first use so importing this module stays light."""
+    global _VIEW_CLASS
+    if _VIEW_CLASS is not None:
+        return _VIEW_CLASS
+    import ipywidgets
+
+    class _RankHeatmapView(ipywidgets.VBox):
+        """Heatmaps, the chosen cell's line, and that rank's timeline widget, in one box."""
+
+        def __init__(
+            self,
+            layout: Any,
+            opener: Callable[[int, int], Any] | None,
+            on_select: Callable[[int, int], Any] | None,
+        ) -> None:
+            self.hv_layout = layout  # not .layout: that is the ipywidgets Layout trait
+            self.streams = layout.streams
+            self.cells = layout.cells
+            self.selected: tuple[int, int] | None = None
+            self.timeline: Any = None
+            self._opener, self._on_select = opener, on_select
+            self.heatmaps = ipywidgets.Output()
+            if _notebook_front_end():
+                hv = _holoviews()
+                _load_holoviews_js(hv)
+                with self.heatmaps:  # the HoloViews plot, its Tap comm back to this kernel included
+                    from IPython.display import display
+
+                    display(layout)
+            self.cell_line = ipywidgets.HTML(
+                "<span class='nbt-heatmap-cell'>click a cell to see that rank's timeline</span>"
+            )
+            super().__init__(children=[self.heatmaps, self.cell_line])
+            self.add_class("nbt-rank-heatmaps")
+
+        def show_cell(self, rank: int, step: int) -> None:
+            """Name the cell, open that rank's timeline under the heatmaps, then call on_select."""
+            from nbtoolkit.core.result import escape
+
+            self.selected = (rank, step)
+            text = f"rank {rank}, step {step}"
+            children: list[Any] = [self.heatmaps]
+            if self._opener is None:
+                text += " (a TraceSummary holds no events: nbt.load_trace(folder) for the timeline)"
+                self.timeline = None
+            else:
+                self.timeline = self._opener(rank, step)
+            self.cell_line.value = f"<span class='nbt-heatmap-cell'>{escape(text)}</span>"
+            children.append(self.cell_line)
+            if self.timeline is not None:
+                children.append(self.timeline)
+            self.children = children
+            if self._on_select is not None:
+                self._on_select(rank, step)
+
+    _VIEW_CLASS = _RankHeatmapView
+    return _VIEW_CLASS
+
+
+def cell_timeline(
+    trace: Trace, shown: list[Any] | None = None, *, display_it: bool = True
+) -> Callable[[int, int], Any]:
     """An ``on_select`` that opens the timeline widget of the chosen rank (``nbt.timeline_widget``).
 
     Only that rank's events are read (a RankFolderTrace reads its file, or the cache). Each widget
-    made is appended to ``shown`` when given, and displayed when a notebook is running.
+    made is appended to ``shown`` when given, and displayed when a notebook is running and
+    ``display_it`` (rank_heatmaps' box puts it under the heatmaps itself: ``display_it=False``).
     """
 
     def open_rank(rank: int, step: int) -> Any:
         from nbtoolkit.trace.timeline_widget import timeline_widget
 
         widget = timeline_widget(trace, ranks=[rank])
-        widget.chosen_step = step  # the step the cell stood for (its band is drawn in the lanes)
+        widget.chosen_step = step  # the step the cell stood for
         if shown is not None:
             shown.append(widget)
-        try:
-            from IPython import get_ipython
+        if display_it and _notebook_front_end():
+            from IPython.display import display
 
-            if get_ipython() is not None:
-                from IPython.display import display
-
-                display(widget)
-        except ImportError:
-            pass
+            display(widget)
         return widget
 
     return open_rank

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import nbtoolkit as nbt
-from nbtoolkit.trace.scale_heatmaps import cell_timeline, rank_heatmaps
+from nbtoolkit.trace.scale_heatmaps import cell_timeline, heatmap_layout, rank_heatmaps
 from nbtoolkit.trace.scale_set import write_scale_set
 from nbtoolkit.trace.scale_views import rank_step_table
 
@@ -29,7 +29,7 @@ def test_each_heatmap_holds_the_summary_numbers_and_a_click_opens_that_rank(fold
         "holoviews", reason="HoloViews (pip install 'nbtoolkit[views]') is not installed"
     )
     chosen: list[tuple[int, int]] = []
-    layout = rank_heatmaps(folder_trace, on_select=lambda r, s: chosen.append((r, s)))
+    layout = heatmap_layout(folder_trace, on_select=lambda r, s: chosen.append((r, s)))
     images = list(layout)
     assert len(images) == 3 and all(isinstance(i, hv.Image) for i in images)
     summary = folder_trace.summary  # type: ignore[attr-defined]
