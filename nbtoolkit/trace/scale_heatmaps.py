@@ -95,8 +95,9 @@ def rank_heatmaps(
     layout = heatmap_layout(trace, values=values)
     opener = cell_timeline(trace, display_it=False) if isinstance(trace, Trace) else None
     view = _new_view(layout, opener, on_select)
-    ranks, steps = np.asarray(layout.cells["ranks"]), np.asarray(layout.cells["steps"])
-    for tap in layout.streams:
+    # each image has its own rows and columns (a step without communication has no overlap column)
+    for tap, cells in zip(layout.streams, layout.cells_per_image, strict=True):
+        ranks, steps = np.asarray(cells["ranks"]), np.asarray(cells["steps"])
         tap.add_subscriber(_cell_callback(ranks, steps, view.show_cell))
     return view
 
@@ -125,6 +126,7 @@ def heatmap_layout(
         raise NbtUsageError(f"values must be among {sorted(_TITLES)}, got {list(values)!r}")
     images = []
     taps = []
+    cells_per_image = []
     for value in values:
         table = rank_step_table(summary, value)
         ranks = np.asarray(table.index, dtype=np.int64)
@@ -145,16 +147,29 @@ def heatmap_layout(
             height=min(900, 200 + len(ranks) // 4),
             xlabel="step",
             ylabel="rank",
+            # the image's axes run over cell positions; label them with the steps and ranks they stand for
+            xticks=_ticks(steps),
+            yticks=_ticks(ranks),
         )
         images.append(image)
         tap = hv.streams.Tap(source=image, x=None, y=None)
         if on_select is not None:
             tap.add_subscriber(_cell_callback(ranks, steps, on_select))
         taps.append(tap)
+        cells_per_image.append({"ranks": ranks.tolist(), "steps": steps.tolist()})
     layout = hv.Layout(images).cols(len(images))
     layout.streams = taps  # the Tap stream of each image, in order (tests and users drive them)
-    layout.cells = {"ranks": ranks.tolist(), "steps": steps.tolist()}
+    layout.cells_per_image = cells_per_image  # the ranks (rows) and steps (columns) of each image
+    layout.cells = cells_per_image[-1] if cells_per_image else {"ranks": [], "steps": []}
     return layout
+
+
+def _ticks(labels: np.ndarray, most: int = 12) -> list[tuple[int, str]]:
+    """At most ``most`` ticks, evenly over the cell positions, each labelled with its step or rank."""
+    if not len(labels):
+        return []
+    positions = np.unique(np.linspace(0, len(labels) - 1, min(len(labels), most)).round().astype(int))
+    return [(int(position), str(int(labels[position]))) for position in positions]
 
 
 def _cell_callback(ranks: np.ndarray, steps: np.ndarray, on_select: Callable[[int, int], Any]) -> Any:

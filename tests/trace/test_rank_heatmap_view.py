@@ -45,6 +45,11 @@ def test_a_click_shows_that_rank_and_step_under_the_heatmaps(folder_trace: nbt.T
     assert len(view.children) == 3
     view.streams[1].event(x=99, y=99)  # outside the cells: nothing changes
     assert view.selected == (ranks[1], steps[0]) and len(chosen) == 2
+    # Each image maps a click through its own columns (step time has a column for a step that
+    # has no communication, and so no overlap column): its last column is its own last step.
+    for stream, cells in zip(view.streams, view.hv_layout.cells_per_image, strict=True):
+        stream.event(x=len(cells["steps"]) - 1, y=0)
+        assert view.selected == (cells["ranks"][0], cells["steps"][-1])
 
 
 def test_from_a_summary_the_line_says_there_are_no_events(folder_trace: nbt.Trace) -> None:

@@ -38,6 +38,12 @@ def test_each_heatmap_holds_the_summary_numbers_and_a_click_opens_that_rank(fold
         drawn = image.dimension_values(2, flat=False)  # rows by y, bottom up: row i is ranks[i]
         np.testing.assert_allclose(drawn, expected, equal_nan=True)
     hv.render(layout, backend="bokeh")  # a bokeh document builds
+    plot = hv.render(images[0], backend="bokeh")  # its axes name the steps and ranks, not cell positions
+    first = rank_step_table(summary, "step_time_ms")
+    steps, ranks = [int(step) for step in first.columns], [int(rank) for rank in first.index]
+    assert plot.xaxis[0].major_label_overrides == {j: str(step) for j, step in enumerate(steps)}
+    assert set(plot.yaxis[0].major_label_overrides.values()) <= {str(rank) for rank in ranks}
+    assert plot.yaxis[0].major_label_overrides[0] == str(ranks[0])
     layout.streams[1].event(x=1, y=3)  # click: step column 1, rank row 3
     assert chosen == [(layout.cells["ranks"][3], layout.cells["steps"][1])]
     assert folder_trace.rank_reads == 0  # type: ignore[attr-defined]
