@@ -1,8 +1,10 @@
-"""Fixtures of the cluster tests: the multi-host bed (three network namespaces, Ray on two)."""
+"""Fixtures of the cluster tests: the multi-host bed (three network namespaces, Ray on two), and a
+local two-rank cluster per test module."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,3 +30,16 @@ def multihost() -> Iterator[MultiHostBed]:
         yield bed
     finally:
         bed.close()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A local 2-rank cluster for one test module (gloo; 120 s for a collective, time enough on a
+    loaded 2-core machine), closed after it. A module needing other sizes defines its own."""
+    import nbtoolkit as nbt
+
+    local = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
+    try:
+        yield local
+    finally:
+        local.close()

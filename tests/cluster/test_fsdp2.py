@@ -8,7 +8,6 @@ model is small (4 residual MLP blocks and a head) so that each test runs in seco
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -124,17 +123,6 @@ def _overlap_pct_of_file(path: Any) -> float:
         working = spans([e for e in on if e.get("cat") == "cpu_op" and not e["name"].startswith(_COMM)])
         compute += _minus(working, spans([e for e in on if e["name"].startswith(_COMM)]))
     return 100 * _intersect(comm, _union(compute)) / sum(b - a for a, b in comm)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    import nbtoolkit as nbt
-
-    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
-    try:
-        yield cl
-    finally:
-        cl.close()
 
 
 def test_each_rank_holds_its_shard_of_parameters_gradients_and_adamw_state(cluster: Any) -> None:

@@ -5,7 +5,6 @@ Real ranks, a real gloo group, real ``fully_shard``: every number is measured on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,17 +40,6 @@ def _stack_batch(rank: int):
 
     g = torch.Generator().manual_seed(rank)
     return torch.randn(8, 512, generator=g), torch.randn(8, 512, generator=g)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    import nbtoolkit as nbt
-
-    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
-    try:
-        yield cl
-    finally:
-        cl.close()
 
 
 def test_fsdp2_sweep_measures_each_configuration_on_every_rank(cluster: Any) -> None:

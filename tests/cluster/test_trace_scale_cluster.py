@@ -7,7 +7,6 @@ the notebook receives summaries, never the JSON (checked by the size of what cam
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +15,6 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RANKS = 12
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[object]:
-    import nbtoolkit as nbt
-
-    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=60)
-    try:
-        yield cl
-    finally:
-        cl.close()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ room to choose and none is met by doing nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,17 +20,6 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 # DeepSpeed's default buckets (5e8 elements) are 2 GB of fp32 per rank: small ones for a small model
 SMALL = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    import nbtoolkit as nbt
-
-    cl = nbt.Cluster.local(ranks=2, collective_timeout_s=120)
-    try:
-        yield cl
-    finally:
-        cl.close()
 
 
 def test_one_plan_per_stage_keeps_every_rank_under_the_budget(cluster: Any) -> None:
