@@ -10,6 +10,9 @@ is also exercised on traces recorded here:
 
 Both run in subprocesses of ``sys.executable``: no profiler state reaches the test process
 (``no_instrument_left_active`` in tests/conftest.py checks that after each test).
+
+Also ``hta``: HolisticTraceAnalysis's ``TraceAnalysis`` class, runnable under this pandas, for the
+tests that compare with it (skips naming HTA where it is not installed).
 """
 
 from __future__ import annotations
@@ -120,22 +123,21 @@ def cpu_trace_file(cpu_trace_recording: tuple[Path, Path]) -> Path:
     return cpu_trace_recording[0]
 
 
-@pytest.fixture(scope="session")
-def gloo_trace_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """rank0.json and rank1.json of a 2-rank gloo DDP run (rank 1 the straggler), plus worker.py.txt."""
-    folder = tmp_path_factory.mktemp("ddp")
+def record_gloo_job(folder: Path, world: int) -> Path:
+    """``rank0.json`` ... of a ``world``-rank gloo DDP run in ``folder`` (rank ``STRAGGLER_RANK`` sleeps
+    ``STRAGGLER_SLEEP_S`` in every step), each rank a subprocess; plus worker.py.txt."""
     script = folder / "worker.py.txt"  # not .json: load_trace skips it with a note
     script.write_text(WORKER)
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(rank), "2", str(port), str(folder)],
+            [sys.executable, str(script), str(rank), str(world), str(port), str(folder)],
             env=_subprocess_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for rank in range(2)
+        for rank in range(world)
     ]
     outputs = []
     try:
@@ -150,3 +152,32 @@ def gloo_trace_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]
     return folder
+
+
+@pytest.fixture(scope="session")
+def gloo_trace_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """rank0.json and rank1.json of a 2-rank gloo DDP run (rank 1 the straggler), plus worker.py.txt."""
+    return record_gloo_job(tmp_path_factory.mktemp("ddp"), world=2)
+
+
+@pytest.fixture
+def hta(monkeypatch):
+    """HTA's TraceAnalysis class, runnable under this pandas, with HTA's test settings."""
+    import logging
+
+    import pandas as pd
+
+    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
+    original = pd.DataFrame.drop
+
+    def drop(self, labels=None, *, axis=0, index=None, columns=None, **kwargs):
+        if index is not None or columns is not None:  # pandas 3 refuses axis= beside columns=
+            return original(self, labels, index=index, columns=columns, **kwargs)
+        return original(self, labels, axis=axis, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "drop", drop)
+    # HTA's own critical-path tests turn on its zero-weight launch edges (causality kept for
+    # kernels that queued behind others); nbtoolkit always has them.
+    monkeypatch.setenv("CRITICAL_PATH_ADD_ZERO_WEIGHT_LAUNCH_EDGE", "1")
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    return trace_analysis.TraceAnalysis

@@ -13,8 +13,6 @@ arguments mean the same in pandas 2); nothing else of HTA is changed.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -27,25 +25,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore::Warning:hta"),
               pytest.mark.filterwarnings("ignore:The inplace keyword")]
 
 ALEXNET_WINDOW = "[param|pytorch.model.alex_net|0|0|0|measure|forward]"  # the window HTA's test uses
-
-
-@pytest.fixture
-def hta(monkeypatch):
-    """HTA's TraceAnalysis class, runnable under this pandas, with HTA's test settings."""
-    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
-    original = pd.DataFrame.drop
-
-    def drop(self, labels=None, *, axis=0, index=None, columns=None, **kwargs):
-        if index is not None or columns is not None:  # pandas 3 refuses axis= beside columns=
-            return original(self, labels, index=index, columns=columns, **kwargs)
-        return original(self, labels, axis=axis, **kwargs)
-
-    monkeypatch.setattr(pd.DataFrame, "drop", drop)
-    # HTA's own critical-path tests turn on its zero-weight launch edges (causality kept for
-    # kernels that queued behind others); nbtoolkit always has them.
-    monkeypatch.setenv("CRITICAL_PATH_ADD_ZERO_WEIGHT_LAUNCH_EDGE", "1")
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    return trace_analysis.TraceAnalysis
 
 
 def _keys(frame: pd.DataFrame, rows) -> set[tuple[str, float, float]]:

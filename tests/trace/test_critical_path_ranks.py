@@ -7,8 +7,6 @@ as recorded, and as a scale set with rank 5 made slow.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +14,7 @@ import pytest
 
 import nbtoolkit as nbt
 from nbtoolkit.trace.scale_set import write_scale_set
-from tests.trace.conftest import STRAGGLER_RANK, STRAGGLER_SLEEP_S, WORKER, _free_port, _subprocess_env
+from tests.trace.conftest import STRAGGLER_RANK, STRAGGLER_SLEEP_S, record_gloo_job
 
 WORLD = 3
 
@@ -24,30 +22,7 @@ WORLD = 3
 @pytest.fixture(scope="module")
 def three_rank_gloo_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """rank0..2.json of a 3-rank gloo DDP run; rank 1 sleeps in every step (tests/trace/conftest.py)."""
-    folder = tmp_path_factory.mktemp("ddp3")
-    script = folder / "worker.py.txt"
-    script.write_text(WORKER)
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(WORLD), str(port), str(folder)],
-            env=_subprocess_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    try:
-        outputs = [proc.communicate(timeout=300)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-3000:]
-    return folder
+    return record_gloo_job(tmp_path_factory.mktemp("ddp3"), world=WORLD)
 
 
 def test_the_slow_rank_of_a_real_gloo_job_is_named_with_the_collective_it_delays(

@@ -10,8 +10,6 @@ fixture drops the redundant ``axis`` of its ``DataFrame.drop`` calls for the tes
 
 from __future__ import annotations
 
-import logging
-
 import pandas as pd
 import pytest
 
@@ -21,22 +19,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::Warning:hta"),
     pytest.mark.filterwarnings("ignore:The inplace keyword"),
 ]
-
-
-@pytest.fixture
-def hta(monkeypatch):
-    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
-    original = pd.DataFrame.drop
-
-    def drop(self, labels=None, *, axis=0, index=None, columns=None, **kwargs):
-        if index is not None or columns is not None:  # pandas 3 refuses axis= beside columns=
-            return original(self, labels, index=index, columns=columns, **kwargs)
-        return original(self, labels, axis=axis, **kwargs)
-
-    monkeypatch.setattr(pd.DataFrame, "drop", drop)
-    monkeypatch.setenv("CRITICAL_PATH_ADD_ZERO_WEIGHT_LAUNCH_EDGE", "1")  # as HTA's own tests
-    logging.getLogger("hta").setLevel(logging.ERROR)
-    return trace_analysis.TraceAnalysis
 
 
 @pytest.fixture(scope="module")
