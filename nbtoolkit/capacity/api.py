@@ -175,6 +175,7 @@ def _plan_auto(
 def _no_blocks(strategy: str) -> None:
     raise NbtUsageError(
         f"strategy {strategy!r} gathers the model one repeated block at a time, and this model has no "
-        "repeated blocks (no two same-class submodules or ModuleList entries): name them with "
-        "blocks=[...], or leave it out of strategies"
+        "repeated blocks (no two same-class submodules or ModuleList entries holding layers): name them "
+        "with blocks=[...] (single layers count when named: the indices of an nn.Sequential of Linear "
+        "layers, blocks=['0', '1', ...]), or leave it out of strategies"
     )

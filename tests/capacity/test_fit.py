@@ -136,6 +136,26 @@ def test_strategy_the_model_cannot_run_and_unknown_strategy() -> None:
         nbt.fit(single_layer, batch, "2xH100", strategies=("zero4",))
 
 
+def test_single_layers_named_as_blocks_are_sharded_as_the_message_says() -> None:
+    import torch
+
+    import nbtoolkit as nbt
+
+    def layers() -> Any:
+        return torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+
+    def batch(mb: int) -> Any:
+        return torch.randn(mb, 64)
+
+    with pytest.raises(nbt.NbtUsageError, match=r"blocks=\['0', '1', \.\.\.\]"):
+        nbt.fit(layers, batch, "2xH100", strategies=("fsdp2",), recompute="none", amp=None)
+    fit = nbt.fit(layers, batch, "2xH100", strategies=("fsdp2",), recompute="none", amp=None,
+                  blocks=["0", "1", "2", "3"])
+    row = fit.frame.iloc[0]
+    assert row["blocks"] == 4
+    assert row["parameters_bytes"] < 4 * (64 * 64 + 64) * 4  # sharded over the two ranks
+
+
 def test_strategies_shard_what_they_say_and_the_table_recommends_a_fitting_row() -> None:
     import nbtoolkit as nbt
     from nbtoolkit.capacity.cards import Card
