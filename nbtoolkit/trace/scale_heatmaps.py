@@ -157,7 +157,7 @@ def heatmap_layout(
             tap.add_subscriber(_cell_callback(ranks, steps, on_select))
         taps.append(tap)
         cells_per_image.append({"ranks": ranks.tolist(), "steps": steps.tolist()})
-    layout = hv.Layout(images).cols(len(images))
+    layout = hv.Layout(images).cols(min(2, len(images)))  # three 420-px plots in a row overflow a notebook
     layout.streams = taps  # the Tap stream of each image, in order (tests and users drive them)
     layout.cells_per_image = cells_per_image  # the ranks (rows) and steps (columns) of each image
     layout.cells = cells_per_image[-1] if cells_per_image else {"ranks": [], "steps": []}
