@@ -1,8 +1,9 @@
 """One API at every scale: ``cluster.load_trace(folder)`` gives the multi-rank Trace ``nbt.load_trace`` does.
 
-A real local Ray cluster (2 ranks) summarizes a scale set made from the 8 real DLRM ranks
-where the files lie; the Trace it returns is a RankFolderTrace whose overlap and stragglers
-equal the local load's, and whose rank events are read on the node when asked for.
+A real local Ray cluster (2 ranks) summarizes a scale set made from the gloo job this test session
+records (tests/trace/conftest.py), where the files lie; the Trace it returns is a RankFolderTrace
+whose overlap and stragglers equal the local load's, and whose rank events are read on the node
+when asked for.
 Run inside ``unshare --net`` (Ray; see scripts/run_tests.sh).
 """
 
@@ -19,17 +20,11 @@ RANKS = 12
 
 
 @pytest.fixture(scope="module")
-def scale_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from nbtoolkit.core.datasets import locate_data
-    from nbtoolkit.core.errors import DataUnavailableError
+def scale_folder(tmp_path_factory: pytest.TempPathFactory, gloo_trace_folder: Path) -> Path:
     from nbtoolkit.trace.scale_set import write_scale_set
 
-    try:  # (module scope: the real_data fixture is per test)
-        base = locate_data("traces/param_dlrm_8rank")
-    except DataUnavailableError as exc:
-        pytest.skip(f"needs the real traces/param_dlrm_8rank (NBT_DATA): {exc}")
     folder = tmp_path_factory.mktemp("scale") / "traces"
-    write_scale_set(base, folder, ranks=RANKS)
+    write_scale_set(gloo_trace_folder, folder, ranks=RANKS, straggler=7)
     return folder
 
 
