@@ -59,3 +59,16 @@ def test_summary_paths_equal_htas_per_rank_paths(dlrm_paths, hta):
         theirs = float(graph.get_critical_path_breakdown()["duration"].sum())
         # equal on ranks 0, 2, 6, 7 to 2 µs; ranks 1, 3, 4, 5 differ by ~40 µs of ~6-9 ms
         assert ours.loc[rank, "length_us"] == pytest.approx(theirs, rel=0.01), rank
+
+
+def test_summary_paths_equal_the_held_traces_of_the_recorded_gloo_job(gloo_trace_folder):
+    """The same equality on data this session records (a clone without the DLRM ranks runs it too)."""
+    held = nbt.load_trace(gloo_trace_folder)
+    summarized = nbt.load_trace(gloo_trace_folder, hold_events=False, workers=2, critical_path=True)
+    ours = nbt.critical_path_by_rank(summarized)
+    assert summarized.rank_reads == 0
+    expected = nbt.critical_path_by_rank(held)
+    assert list(ours["rank"]) == [0, 1] and (ours["length_us"] > 0).all()
+    pd.testing.assert_frame_equal(
+        ours[sorted(ours.columns)], expected[sorted(expected.columns)], check_dtype=False, atol=1e-9
+    )
