@@ -86,8 +86,8 @@ def rank_heatmaps(
         on_select: also called with ``(rank, step)`` on each click (after the box shows it).
 
     The box shows the heatmaps, then "rank R, step S" of the last cell clicked and that rank's
-    timeline widget (only that rank's events are read). From a TraceSummary (no events) the
-    line says so instead. ``view.hv_layout`` is the HoloViews layout, ``view.streams`` its Tap
+    timeline widget, zoomed to that step (only that rank's events are read). From a TraceSummary
+    (no events) the line says so instead. ``view.hv_layout`` is the HoloViews layout, ``view.streams`` its Tap
     streams, ``view.selected`` the last ``(rank, step)``, ``view.timeline`` the widget shown.
     """
     from nbtoolkit.trace.trace import Trace
@@ -278,7 +278,7 @@ def _view_class() -> Any:
 def cell_timeline(
     trace: Trace, shown: list[Any] | None = None, *, display_it: bool = True
 ) -> Callable[[int, int], Any]:
-    """An ``on_select`` that opens the timeline widget of the chosen rank (``nbt.timeline_widget``).
+    """An ``on_select`` that opens the timeline widget of the chosen rank, zoomed to the chosen step.
 
     Only that rank's events are read (a RankFolderTrace reads its file, or the cache). Each widget
     made is appended to ``shown`` when given, and displayed when a notebook is running and
@@ -289,7 +289,7 @@ def cell_timeline(
         from nbtoolkit.trace.timeline_widget import timeline_widget
 
         widget = timeline_widget(trace, ranks=[rank])
-        widget.chosen_step = step  # the step the cell stood for
+        widget.show_step(rank, step)  # opens zoomed to the step the cell stood for
         if shown is not None:
             shown.append(widget)
         if display_it and _notebook_front_end():

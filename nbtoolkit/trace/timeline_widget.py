@@ -45,6 +45,7 @@ class TraceTimelineWidget(TimelineWidget):
     ranks = traitlets.List(traitlets.Int()).tag(sync=True)  # ranks shown, in lane order
     rank_lanes: traitlets.List[list[int]] = traitlets.List().tag(sync=True)  # lane numbers per rank
     folded = traitlets.List(traitlets.Int()).tag(sync=True)  # ranks shown as one summary lane
+    chosen_step: int | None = None  # the ProfilerStep show_step zoomed to (a heatmap cell's)
 
     def __init__(self, index: TraceTimelineIndex, **kwargs: Any) -> None:
         self.index = index
@@ -149,6 +150,23 @@ class TraceTimelineWidget(TimelineWidget):
             "names": new_names,
         }
         return header, [arrays[k].tobytes() for k in order]
+
+    def show_step(self, rank: int, step: int, *, margin: float = 0.02) -> bool:
+        """Zoom to ProfilerStep ``step`` of ``rank`` (with ``margin`` of its length each side).
+
+        What a click on a rank heatmap's cell opens (:func:`~nbtoolkit.trace.scale_heatmaps.cell_timeline`).
+        ``self.chosen_step`` becomes ``step``. False (and the window left as it is) when this
+        widget holds no such step: a rank not shown, or a trace without ProfilerStep marks.
+        """
+        self.chosen_step = step
+        spans = [(a, b) for r, s, a, b in self.index.steps if r == rank and s == step]
+        if not spans:
+            return False
+        start, end = spans[0]
+        pad = (end - start) * margin
+        # not clamped to the events' span: a ProfilerStep mark can start before the first event shown
+        self.window = [start - pad, end + pad]
+        return True
 
     def summary(self) -> str:
         index = self.index

@@ -56,7 +56,8 @@ def _write_notebook(folder: Path, traces: Path) -> str:
             "view"
         ),
         nbformat.v4.new_code_cell(
-            'print("KERNEL SEES", view.selected, view.timeline.index.ranks if view.timeline else None)'
+            'print("KERNEL SEES", view.selected, view.timeline.index.ranks if view.timeline else None)\n'
+            'print("KERNEL WINDOW", *(view.timeline.window if view.timeline else []))'
         ),
     ]
     nbformat.write(nb, folder / "rank_heatmaps.ipynb")
@@ -71,8 +72,10 @@ def test_clicking_a_heatmap_cell_shows_that_rank_and_step_under_it(
     from playwright.sync_api import sync_playwright
 
     made = write_scale_set(gloo_trace_folder, tmp_path / "set", ranks=6, straggler=3)
-    cells = nbt.rank_heatmaps(nbt.load_trace(made.path, hold_events=False, workers=1)).cells
+    folder_trace = nbt.load_trace(made.path, hold_events=False, workers=1)
+    cells = nbt.rank_heatmaps(folder_trace).cells
     rank, step = cells["ranks"][ROW], cells["steps"][COLUMN]
+    trace_steps = nbt.timeline_widget(folder_trace, ranks=[rank]).index.steps  # that rank's step spans
     notebook = _write_notebook(tmp_path, made.path)
     console: list[str] = []
     page_errors: list[str] = []
@@ -98,6 +101,16 @@ def test_clicking_a_heatmap_cell_shows_that_rank_and_step_under_it(
             line.wait_for(timeout=60_000)
             timeline = box.locator(".nbt-timeline")
             timeline.wait_for(timeout=60_000)
+            # the timeline draws the chosen step's window (show_step), not the whole trace
+            page.wait_for_function(
+                "() => { const r = document.querySelector('.nbt-timeline');"
+                " return r && r.__nbtStats && r.__nbtStats.answered != null; }",
+                timeout=60_000,
+            )
+            drawn = page.evaluate(
+                "() => { const s = document.querySelector('.nbt-timeline').__nbtStats;"
+                " return {window: s.window, answered: s.answered}; }"
+            )
             assert box.locator(".nbt-heatmap-cell").count() == 1
             # the timeline is under the heatmaps and the line, inside the same box
             line_box, timeline_box = line.bounding_box(), timeline.bounding_box()
@@ -117,6 +130,11 @@ def test_clicking_a_heatmap_cell_shows_that_rank_and_step_under_it(
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, SCREENSHOTS / shot.name)
     assert f"KERNEL SEES ({rank}, {step}) [{rank}]" in kernel_text
+    # the window the page drew is the kernel's, which is the step's (tests/trace/test_rank_heatmap_view.py)
+    kernel_window = [float(x) for x in kernel_text.split("KERNEL WINDOW")[1].split()[:2]]
+    assert drawn["answered"] == pytest.approx(kernel_window, rel=1e-9, abs=1e-6), (drawn, kernel_window)
+    steps = [(a, b) for r, s_, a, b in trace_steps if (r, s_) == (rank, step)]
+    assert len(steps) == 1 and kernel_window[0] <= steps[0][0] < steps[0][1] <= kernel_window[1]
     real_console = [m for m in console if not any(n in m for n in _OFFLINE_NOISE)]
     assert page_errors == [], f"JavaScript exceptions on the page: {page_errors}"
     assert real_console == [], f"JavaScript errors in the console: {real_console}"

@@ -37,11 +37,19 @@ def test_a_click_shows_that_rank_and_step_under_the_heatmaps(folder_trace: nbt.T
     assert f"rank {rank}, step {step}" in view.cell_line.value
     assert view.children[-1] is view.timeline and view.timeline.index.ranks == [rank]
     assert view.timeline.chosen_step == step
+    # the timeline opens zoomed to that step: its ProfilerStep span (2% margin), not the whole trace
+    (start, end), = [(a, b) for r, s, a, b in view.timeline.index.steps if (r, s) == (rank, step)]
+    t0, t1 = view.timeline.window
+    pad = (end - start) * 0.02
+    assert t0 == pytest.approx(start - pad) and t1 == pytest.approx(end + pad)
+    assert t1 - t0 < 0.9 * view.timeline.span[1]  # a step of several: narrower than the whole
     assert folder_trace.rank_reads == 1  # type: ignore[attr-defined]  # that rank only
     # Another cell, another image: the box shows the new one only.
     view.streams[2].event(x=0, y=1)
     assert view.selected == (ranks[1], steps[0]) and view.timeline.index.ranks == [ranks[1]]
     assert f"rank {ranks[1]}, step {steps[0]}" in view.cell_line.value
+    (start, end), = [(a, b) for r, s, a, b in view.timeline.index.steps if (r, s) == (ranks[1], steps[0])]
+    assert view.timeline.window[0] <= start < end <= view.timeline.window[1]
     assert len(view.children) == 3
     view.streams[1].event(x=99, y=99)  # outside the cells: nothing changes
     assert view.selected == (ranks[1], steps[0]) and len(chosen) == 2
