@@ -88,3 +88,33 @@ def test_train_step_refuses_what_it_cannot_run(tmp_path: Path) -> None:
         nbt.train_step(object())
     with pytest.raises(nbt.LoopError, match="takes no module"):
         nbt.train_step(tiny_hf_trainer(tmp_path, max_steps=2), object())
+
+
+def test_a_restart_keeps_the_trainers_optimizer_state_out_of_measured_peaks(tmp_path: Path) -> None:
+    """A restarted ``trainer.train()`` keeps its optimizer and AdamW's state: steps measured after a
+    restart (``reserve`` restarts the loop before the measurement) peak as those measured before it.
+    (Issue 40's CI once saw a plan's peak 1.38 MiB, one AdamW state, above the stored run's.)"""
+    import gc
+
+    import torch
+
+    trainer = tiny_hf_trainer(tmp_path, max_steps=3)
+
+    def state_elements() -> list[int]:
+        gc.collect()
+        return sorted(
+            sum(t.numel() for s in o.state.values() for t in s.values() if torch.is_tensor(t))
+            for o in gc.get_objects()
+            if isinstance(o, torch.optim.Optimizer)
+        )
+
+    with nbt.train_step(trainer, warmup=1) as step:
+        before = nbt.memory_timeline(step, steps=1, model=trainer.model).peak_bytes
+        optimizer, states = step.optimizer, state_elements()
+        nbt.memory_timeline(step, steps=1, model=trainer.model)  # the run's last step
+        after = nbt.memory_timeline(step, steps=2, model=trainer.model).peak_bytes  # restarted first
+        assert step.optimizer is optimizer and state_elements() == states
+    outcome = step.outcome
+    assert outcome is not None and outcome.restarts == 1 and outcome.measured_steps == 4
+    assert states and all(n > 0 for n in states)  # AdamW's state exists (exp_avg, exp_avg_sq, step)
+    assert after == before, (before, after)
