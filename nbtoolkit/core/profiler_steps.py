@@ -26,6 +26,7 @@ __all__ = [
     "PROFILER_STEP_PREFIX",
     "host_steps",
     "is_profiler_step_label",
+    "one_row_per_step",
     "parse_profiler_step",
     "profiler_step_label",
     "profiler_step_names",
@@ -85,17 +86,19 @@ def step_labels(names: Iterable[object], *, source: str = "") -> dict[str, int]:
     return {text: parse_profiler_step(text, source=source) for text in profiler_step_names(names)}
 
 
-def step_number_table(categories: pd.Index, *, source: str = "") -> np.ndarray | None:
+def step_number_table(categories: pd.Index | np.ndarray, *, source: str = "") -> np.ndarray | None:
     """Step number per category code, plus a trailing -1 for code -1 (missing); None without step labels.
 
     Indexed by a categorical's codes it gives each row's step (-1: not a step annotation).
+    ``categories``: a pandas Index or a numpy array of names (the lean summarizer's).
     """
     import numpy as np
 
-    numbers = step_labels(categories, source=source)
+    values = np.asarray(categories, dtype=object)
+    numbers = step_labels(values, source=source)
     if not numbers:
         return None
-    return np.array([numbers.get(str(c), -1) for c in categories.to_numpy()] + [-1], dtype=np.int64)
+    return np.array([numbers.get(str(c), -1) for c in values] + [-1], dtype=np.int64)
 
 
 def host_steps(rank: int, frame: pd.DataFrame, *, source: str = "") -> pd.DataFrame:
@@ -137,14 +140,23 @@ def steps_table(parts: Iterable[pd.DataFrame]) -> pd.DataFrame:
     if not frames:
         return empty_steps()
     columns = {c: np.concatenate([f[c].to_numpy() for f in frames]) for c in ("rank", "step", "ts", "dur")}
-    # A step can be annotated twice on the host (nested record functions); keep the longest
-    # (the last of equal durations in the order given, as a stable sort by rank, step, dur would).
-    order = np.lexsort((columns["dur"], columns["step"], columns["rank"]))
-    rank, step = columns["rank"][order], columns["step"][order]
+    chosen = one_row_per_step(columns["rank"], columns["step"], columns["dur"])
+    return pd.DataFrame({c: values[chosen] for c, values in columns.items()})
+
+
+def one_row_per_step(rank: np.ndarray, step: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Positions of the ``Trace.steps`` rows among host step annotations, sorted by (rank, step).
+
+    A step can be annotated twice on the host (nested record functions); the longest is kept
+    (the last of equal durations in the order given, as a stable sort by rank, step, dur would).
+    """
+    import numpy as np
+
+    order = np.lexsort((dur, step, rank))
+    rank, step = rank[order], step[order]
     last = np.ones(len(order), dtype=bool)
     last[:-1] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
-    chosen = order[last]
-    return pd.DataFrame({c: values[chosen] for c, values in columns.items()})
+    return order[last]
 
 
 def empty_steps() -> pd.DataFrame:

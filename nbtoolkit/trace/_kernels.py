@@ -24,7 +24,7 @@ breakdowns and overlap give HTA's numbers on the same trace:
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -38,8 +38,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DeviceView",
+    "EventView",
     "device_view",
+    "hta_rows",
 ]
+
+
+class EventView(Protocol):
+    """What the per-rank analyses read of a rank's preprocessed events (:class:`DeviceView`'s
+    numpy interface; the lean summarizer's view has it too, without pandas)."""
+
+    rank: int
+    filtered: bool
+
+    @property
+    def host_rows(self) -> np.ndarray: ...
+
+    @property
+    def device_rows(self) -> np.ndarray: ...
+
+    def values(self, column: str, rows: np.ndarray) -> np.ndarray: ...
+
+    def codes(self, column: str, rows: np.ndarray) -> tuple[np.ndarray, Any]: ...
+
 
 class DeviceView:
     """One rank's events after HTA's preprocessing: ``host`` and ``device`` frames with ``end``.
@@ -125,32 +146,51 @@ def device_view(trace: Trace, rank: int, *, include_last_step: bool = False) -> 
     cats = frame["cat"]
     if "" in cats.cat.categories:  # HTA drops events without a category
         frame = frame[(cats.cat.codes != cats.cat.categories.get_loc("")).to_numpy()]
-    ts_raw = frame["ts"].to_numpy()
-    ts = np.ceil(ts_raw)
-    end = np.maximum(np.floor(ts_raw + frame["dur"].to_numpy()), ts)
-    stream = frame["stream"].to_numpy()
-    correlation = frame["correlation"].to_numpy()
     names = frame["name"]
-    is_sync = names.isin(_SYNC_NAMES).to_numpy()
-    on_gpu = ((stream >= 0) & (correlation >= 0)) | is_sync
-
-    keep = np.ones(len(frame), dtype=bool)
-    filtered = False
-    if count_step_labels(trace) >= 2:
-        step_names = profiler_step_names(names.cat.categories)
-        is_step = names.isin(step_names).to_numpy() & ~on_gpu
-        if is_step.any():
-            last_start = ts[is_step].max()
-            last_end = end[is_step].max()
-            keep_host = ~on_gpu & ((ts <= last_end) if include_last_step else (ts < last_start))
-        else:  # HTA compares with NaN here: no host event survives
-            keep_host = np.zeros(len(frame), dtype=bool)
-        kept_corr = np.unique(correlation[keep_host])
-        keep_gpu = on_gpu & np.isin(correlation, kept_corr)
-        keep = keep_host | keep_gpu
-        filtered = not include_last_step
-
+    filter_steps = count_step_labels(trace) >= 2
+    ts, end, keep, filtered = hta_rows(
+        frame["ts"].to_numpy(),
+        frame["dur"].to_numpy(),
+        frame["stream"].to_numpy(),
+        frame["correlation"].to_numpy(),
+        is_sync=names.isin(_SYNC_NAMES).to_numpy(),
+        is_step=names.isin(profiler_step_names(names.cat.categories)).to_numpy() if filter_steps else None,
+        include_last_step=include_last_step,
+    )
     return DeviceView(rank, frame, ts=ts, end=end, keep=keep, filtered=filtered)
+
+
+def hta_rows(
+    ts_raw: np.ndarray,
+    dur: np.ndarray,
+    stream: np.ndarray,
+    correlation: np.ndarray,
+    *,
+    is_sync: np.ndarray,
+    is_step: np.ndarray | None,
+    include_last_step: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Rules 1 and 2 of the module docstring on numpy columns: whole-µs ts and end, the rows kept.
+
+    ``is_step``: which rows are ProfilerStep annotations, None when the trace has fewer than two
+    step labels (nothing is left out then). Returns (ts, end, keep, filtered). Shared by
+    :func:`device_view` and the lean summarizer (:mod:`nbtoolkit.trace.summarize_rank_lean`).
+    """
+    ts = np.ceil(ts_raw)
+    end = np.maximum(np.floor(ts_raw + dur), ts)
+    on_gpu = ((stream >= 0) & (correlation >= 0)) | is_sync
+    if is_step is None:
+        return ts, end, np.ones(len(ts), dtype=bool), False
+    is_step = is_step & ~on_gpu
+    if is_step.any():
+        last_start = ts[is_step].max()
+        last_end = end[is_step].max()
+        keep_host = ~on_gpu & ((ts <= last_end) if include_last_step else (ts < last_start))
+    else:  # HTA compares with NaN here: no host event survives
+        keep_host = np.zeros(len(ts), dtype=bool)
+    kept_corr = np.unique(correlation[keep_host])
+    keep_gpu = on_gpu & np.isin(correlation, kept_corr)
+    return ts, end, keep_host | keep_gpu, not include_last_step
 
 
 def merged(view_device: pd.DataFrame, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:

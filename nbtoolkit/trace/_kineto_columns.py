@@ -12,7 +12,7 @@ from collections.abc import Callable
 from itertools import compress, repeat
 from operator import attrgetter, is_not
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nbtoolkit.core.errors import TraceError
 from nbtoolkit.trace._kineto_json import split_phases, unknown_phases
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-__all__ = ["EventColumns"]
+__all__ = ["EventArrays", "EventColumns"]
 
 _INT64_MAX = 2**63 - 1
 
@@ -92,18 +92,17 @@ class EventColumns:
             f"{values}{more}"
         )
 
-    def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The events frame (complete events, sorted by start) and the collectives frame."""
-        import numpy as np
-        import pandas as pd
+    def arrays(self) -> EventArrays:
+        """The complete events as numpy columns (times checked, the profiler's span dropped, by start).
 
-        from nbtoolkit.trace.records import empty_collectives
+        No pandas: what the lean summarizer (:mod:`nbtoolkit.trace.summarize_rank_lean`) reads;
+        :meth:`frame` builds the Trace's frames from it.
+        """
+        import numpy as np
 
         file = self.file
         cols = {c: np.concatenate(p) for c, p in self.parts.items()}
-        names = _categorical(np.concatenate(self.name_codes), self.names)
-        cats = _categorical(np.concatenate(self.cat_codes), self.cats)
-        keep = cats.codes != cats.categories.get_loc("Trace") if "Trace" in self.cats else None
+        name_codes, cat_codes = np.concatenate(self.name_codes), np.concatenate(self.cat_codes)
         ts, dur = cols["ts"], cols["dur"]
         bad = np.isnan(ts) | ~(dur >= 0)
         if bad.any():
@@ -113,20 +112,43 @@ class EventColumns:
                 if np.isnan(ts[i])
                 else ("no duration" if np.isnan(dur[i]) else f"negative duration {dur[i]}")
             )
+            name = list(self.names)[name_codes[i]]
             raise TraceError(
                 f"{file}: {int(bad.sum())} complete event(s) have a missing or negative duration or "
-                f"timestamp, e.g. {names[i]!r} at ts={ts[i]} ({problem}); the trace is corrupt"
+                f"timestamp, e.g. {name!r} at ts={ts[i]} ({problem}); the trace is corrupt"
             )
         if np.abs(ts).max() * 1e3 > _INT64_MAX or dur.max() * 1e3 > _INT64_MAX:
             raise TraceError(
                 f"{file}: a timestamp or duration does not fit in int64 nanoseconds; the trace is corrupt"
             )
+        cols["name"], cols["cat"] = name_codes, cat_codes
+        # the profiler's own "Trace" span is not an event of the program
+        keep = cat_codes != self.cats["Trace"] if "Trace" in self.cats else None
+        if keep is not None:
+            cols = {c: values[keep] for c, values in cols.items()}
+        order: np.ndarray | None = np.argsort(cols["ts"], kind="stable")
+        assert order is not None
+        if (order[1:] < order[:-1]).any():
+            cols = {c: values[order] for c, values in cols.items()}
+        else:
+            order = None
+        return EventArrays(cols, list(self.names), list(self.cats), keep, order)
+
+    def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The events frame (complete events, sorted by start) and the collectives frame."""
+        import numpy as np
+        import pandas as pd
+
+        from nbtoolkit.trace.records import empty_collectives
+
+        rows = self.arrays()
+        cols = rows.columns
         frame = pd.DataFrame(
             {
-                "ts": ts,
-                "dur": dur,
-                "name": names,
-                "cat": cats,
+                "ts": cols["ts"],
+                "dur": cols["dur"],
+                "name": _categorical(cols["name"], self.names),
+                "cat": _categorical(cols["cat"], self.cats),
                 "pid": cols["pid"],
                 "tid": cols["tid"],
                 "stream": cols["stream"],
@@ -140,22 +162,36 @@ class EventColumns:
             if self.collectives
             else empty_collectives()
         )
-        if keep is not None:  # the profiler's own "Trace" span is not an event of the program
-            new_index = np.cumsum(keep) - 1
-            frame = frame[keep]
-            coll = coll[keep[coll["row"].to_numpy()]].assign(row=lambda c: new_index[c["row"].to_numpy()])
-        order = np.argsort(frame["ts"].to_numpy(), kind="stable")
-        if (order[1:] < order[:-1]).any():
-            frame = frame.iloc[order]
-            position = np.empty(len(order), dtype=np.int64)
-            position[order] = np.arange(len(order))
+        if rows.kept is not None:
+            new_index = np.cumsum(rows.kept) - 1
+            coll = coll[rows.kept[coll["row"].to_numpy()]].assign(
+                row=lambda c: new_index[c["row"].to_numpy()]
+            )
+        if rows.order is not None:
+            position = np.empty(len(rows.order), dtype=np.int64)
+            position[rows.order] = np.arange(len(rows.order))
             coll = coll.assign(row=position[coll["row"].to_numpy()])
-        frame = frame.reset_index(drop=True)
         if len(coll):
             coll = coll.sort_values("row", ignore_index=True)
             for column in ("in_msg_nelems", "out_msg_nelems", "group_size"):
                 coll[column] = pd.array(coll[column], dtype="Int64")
         return frame, coll
+
+
+class EventArrays(NamedTuple):
+    """A rank's complete events as numpy, in start order (:meth:`EventColumns.arrays`).
+
+    ``columns``: the numeric columns of :data:`~nbtoolkit.trace.records.EVENT_COLUMNS`, with
+    ``name`` and ``cat`` as codes into ``names`` and ``cats`` (every string of the file, in the
+    order first seen, including those of dropped events). ``kept``: which decoded events were kept
+    (None: all); ``order``: the stable sort by start applied after that (None: already in order).
+    """
+
+    columns: dict[str, np.ndarray]
+    names: list[str]
+    cats: list[str]
+    kept: np.ndarray | None
+    order: np.ndarray | None
 
 
 _COLLECTIVE = attrgetter("collective")
@@ -204,15 +240,14 @@ def _as_int(value: Any) -> int:
 
 
 def _intern(values: list[str], table: dict[str, int]) -> np.ndarray:
-    """Codes of ``values`` in ``table`` (extended with new strings)."""
+    """Codes of ``values`` in ``table`` (extended with new strings, in the order first seen)."""
     import numpy as np
-    import pandas as pd
 
-    codes, uniques = pd.factorize(np.array(values, dtype=object))
-    mapping = np.fromiter(
-        (table.setdefault(u, len(table)) for u in uniques), dtype=np.int64, count=len(uniques)
-    )
-    return mapping[codes] if len(codes) else np.empty(0, dtype=np.int64)
+    # dict.fromkeys and map run in C: the distinct strings in order, then one lookup per value
+    for value in dict.fromkeys(values):
+        if value not in table:
+            table[value] = len(table)
+    return np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=len(values))
 
 
 def _categorical(codes: np.ndarray, table: dict[str, int]) -> pd.Categorical:

@@ -8,7 +8,7 @@ notes say so.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from nbtoolkit.trace.records import RankInfo
 
-__all__ = ["check_same_job", "detect_device_type", "rank_from_file_name", "read_rank_info"]
+__all__ = ["check_same_job", "detect_device_type", "device_type_of", "rank_from_file_name", "read_rank_info"]
 
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
@@ -84,10 +84,15 @@ def read_rank_info(file: Path, doc: Document) -> RankInfo:
 
 def detect_device_type(info: RankInfo, frame: pd.DataFrame) -> str:
     """cpu (no events on a stream), mtia, rocm, cuda, or gpu (kernels without device properties)."""
-    if not bool((frame["stream"].to_numpy() >= 0).any()):
+    on_stream = bool((frame["stream"].to_numpy() >= 0).any())
+    return device_type_of(info, on_stream, map(str, frame["cat"].cat.categories))
+
+
+def device_type_of(info: RankInfo, on_stream: bool, categories: Iterable[str]) -> str:
+    """:func:`detect_device_type` from whether any event is on a stream and the event categories."""
+    if not on_stream:
         return "cpu"
-    cats = {str(c) for c in frame["cat"].cat.categories}
-    if any(c.startswith("mtia") for c in cats):
+    if any(c.startswith("mtia") for c in categories):
         return "mtia"
     if info.device_properties:
         first = info.device_properties[0]

@@ -40,36 +40,49 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
     """
     import pandas as pd
 
-    rows = []
-    for rank in trace.ranks:
-        view = k.device_view(trace, rank, include_last_step=include_last_step)
-        device = view.device_rows
-        if len(device):
-            # numpy on positions and category codes, no frame: this runs once per rank at scale
-            ts, end = view.values("ts", device), view.values("end", device)
-            busy = merge(ts, end)
-            if len(busy[0]):
-                span = float(busy[1][-1] - busy[0][0])
-                run = float((busy[1] - busy[0]).sum())
-            else:
-                span = run = 0.0
-            codes, categories = view.codes("name", device)
-            is_compute = kt.kernel_type_table(categories)[codes] == kt.COMPUTATION
-            compute = merge(ts[is_compute], end[is_compute])
-            compute_us = float((compute[1] - compute[0]).sum())
-            idle = span - run
-            non_compute = run - compute_us
-        else:
-            from nbtoolkit.trace.overlap import host_comm_and_compute
+    rows = [
+        (rank, *temporal_numbers(k.device_view(trace, rank, include_last_step=include_last_step)))
+        for rank in trace.ranks
+    ]
+    return pd.DataFrame(temporal_columns(rows), columns=TEMPORAL_COLUMNS)
 
-            comm, comp, first, last = host_comm_and_compute(trace, rank, include_last_step=include_last_step)
-            span = max(last - first, 0.0)
-            compute_us = float((comp[1] - comp[0]).sum())
-            comm_total = float((comm[1] - comm[0]).sum())
-            non_compute = comm_total - intersection_length(comm, comp)
-            idle = span - compute_us - non_compute
-        rows.append((rank, idle, compute_us, non_compute, span))
-    # one frame built from numpy columns: this runs once per rank when each rank is summarized alone
+
+def temporal_numbers(view: k.EventView) -> tuple[float, float, float, float]:
+    """(idle, compute, non-compute, span) µs of one rank's preprocessed events, no frame built.
+
+    ``view``: a DeviceView, or the lean summarizer's view (:mod:`nbtoolkit.trace.summarize_rank_lean`).
+    """
+    device = view.device_rows
+    if len(device):
+        # numpy on positions and category codes, no frame: this runs once per rank at scale
+        ts, end = view.values("ts", device), view.values("end", device)
+        busy = merge(ts, end)
+        if len(busy[0]):
+            span = float(busy[1][-1] - busy[0][0])
+            run = float((busy[1] - busy[0]).sum())
+        else:
+            span = run = 0.0
+        codes, categories = view.codes("name", device)
+        is_compute = kt.kernel_type_table(categories)[codes] == kt.COMPUTATION
+        compute = merge(ts[is_compute], end[is_compute])
+        compute_us = float((compute[1] - compute[0]).sum())
+        idle = span - run
+        non_compute = run - compute_us
+    else:
+        from nbtoolkit.trace.overlap import host_comm_and_compute_of_view
+
+        comm, comp, first, last = host_comm_and_compute_of_view(view)
+        span = max(last - first, 0.0)
+        compute_us = float((comp[1] - comp[0]).sum())
+        comm_total = float((comm[1] - comm[0]).sum())
+        non_compute = comm_total - intersection_length(comm, comp)
+        idle = span - compute_us - non_compute
+    return idle, compute_us, non_compute, span
+
+
+def temporal_columns(rows: list[tuple[int, float, float, float, float]]) -> dict[str, np.ndarray]:
+    """The temporal table's columns (:data:`TEMPORAL_COLUMNS`) from (rank, idle, compute, non-compute,
+    span) rows: the percentages of the span added."""
     numbers = np.array([row[1:] for row in rows], dtype=np.float64).reshape(len(rows), 4)
     spans = numbers[:, 3]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -84,7 +97,7 @@ def temporal_breakdown(trace: Trace, *, include_last_step: bool = False) -> pd.D
         "compute_pct": share[:, 1],
         "non_compute_pct": share[:, 2],
     }
-    return pd.DataFrame(columns, columns=TEMPORAL_COLUMNS)
+    return columns
 
 
 def kernel_breakdown(

@@ -49,6 +49,11 @@ def kernel_types(names: pd.Series) -> np.ndarray:
     return kernel_type_table(names.cat.categories)[names.cat.codes.to_numpy()]
 
 
-def kernel_type_table(categories: pd.Index) -> np.ndarray:
-    """Kernel type per category code of a name column, plus a trailing OTHER for code -1 (missing)."""
-    return np.array([kernel_type(str(c)) for c in categories.to_numpy()] + [OTHER], dtype=object)
+def kernel_type_table(categories: pd.Index | np.ndarray) -> np.ndarray:
+    """Kernel type per category code of a name column, plus a trailing OTHER for code -1 (missing).
+
+    ``categories``: a pandas Index or a numpy array of names (the lean summarizer's).
+    """
+    return np.array(
+        [kernel_type(str(c)) for c in np.asarray(categories, dtype=object)] + [OTHER], dtype=object
+    )

@@ -48,7 +48,16 @@ if TYPE_CHECKING:
 
     from nbtoolkit.trace.trace import Trace
 
-__all__ = ["collective_calls", "comm_comp_overlap", "host_comm_and_compute", "overlap_by_rank_and_step"]
+__all__ = [
+    "OVERLAP_BY_STEP_COLUMNS",
+    "OVERLAP_COLUMNS",
+    "collective_calls",
+    "comm_comp_overlap",
+    "host_comm_and_compute",
+    "host_comm_and_compute_of_view",
+    "overlap_by_rank_and_step",
+    "rank_overlap_rows",
+]
 
 _CALL_COLUMNS = ["ts", "end", "name", "collective", "step", "external_id"]
 _MESSAGE_FIELDS = ("in_msg_nelems", "out_msg_nelems", "dtype", "pg_name")
@@ -138,15 +147,30 @@ def overlap_by_rank_and_step(
     by_rank: list[dict[str, object]] = []
     by_step: list[dict[str, object]] = []
     for rank in trace.ranks:
-        calls = _comm_and_comp(trace, rank, include_last_step=include_last_step)
-        overlap = _overlap_numbers(merge(*calls.comm), merge(*calls.comp))
-        by_rank.append({"rank": rank, **overlap, "method": calls.method})
-        by_step.extend(_by_step(rank, calls))
-    numbers = ["comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"]
+        view = k.device_view(trace, rank, include_last_step=include_last_step)
+        rank_row, step_rows = rank_overlap_rows(view)
+        by_rank.append(rank_row)
+        by_step.extend(step_rows)
     return (
-        pd.DataFrame(by_rank, columns=["rank", *numbers]),
-        pd.DataFrame(by_step, columns=["rank", "step", *numbers]),
+        pd.DataFrame(by_rank, columns=OVERLAP_COLUMNS),
+        pd.DataFrame(by_step, columns=OVERLAP_BY_STEP_COLUMNS),
     )
+
+
+_NUMBERS = ["comm_time_us", "overlap_time_us", "overlap_pct", "exposed_comm_us", "method"]
+OVERLAP_COLUMNS = ["rank", *_NUMBERS]
+OVERLAP_BY_STEP_COLUMNS = ["rank", "step", *_NUMBERS]
+
+
+def rank_overlap_rows(view: k.EventView) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """The overlap row of one rank's view and its rows by step (the columns above), no frame built.
+
+    ``view``: a :class:`~nbtoolkit.trace._kernels.DeviceView`, or the lean summarizer's view of
+    the same events (:mod:`nbtoolkit.trace.summarize_rank_lean`), which has its interface.
+    """
+    calls = _calls_of_view(view)
+    overlap = _overlap_numbers(merge(*calls.comm), merge(*calls.comp))
+    return {"rank": view.rank, **overlap, "method": calls.method}, _by_step(view.rank, calls)
 
 
 def collective_calls(trace: Trace, rank: int, *, include_last_step: bool = False) -> pd.DataFrame:
@@ -195,7 +219,7 @@ class _RankCalls(NamedTuple):
     compute intervals are unmerged, with the step of each.
     """
 
-    view: k.DeviceView
+    view: k.EventView
     comm_rows: np.ndarray
     comm: Intervals
     comm_steps: np.ndarray
@@ -210,7 +234,11 @@ def _comm_and_comp(trace: Trace, rank: int, *, include_last_step: bool) -> _Rank
     Device work belongs to the step in which the host launched it (device clocks run behind
     the host's, so a kernel often runs after its step ended on the host).
     """
-    view = k.device_view(trace, rank, include_last_step=include_last_step)
+    return _calls_of_view(k.device_view(trace, rank, include_last_step=include_last_step))
+
+
+def _calls_of_view(view: k.EventView) -> _RankCalls:
+    """:func:`_comm_and_comp` of a rank's preprocessed events."""
     windows = _step_windows(view)
     device = view.device_rows
     if len(device):
@@ -274,7 +302,11 @@ def host_comm_and_compute(
     trace: Trace, rank: int, *, include_last_step: bool = False
 ) -> tuple[Intervals, Intervals, float, float]:
     """Merged communication and compute intervals of a CPU rank, plus the first/last host time."""
-    view = k.device_view(trace, rank, include_last_step=include_last_step)
+    return host_comm_and_compute_of_view(k.device_view(trace, rank, include_last_step=include_last_step))
+
+
+def host_comm_and_compute_of_view(view: k.EventView) -> tuple[Intervals, Intervals, float, float]:
+    """:func:`host_comm_and_compute` of a rank's preprocessed events (a DeviceView or the lean one)."""
     calls, comp = _host_comm_calls_and_compute(view)
     comm = merge(view.values("ts", calls), view.values("end", calls))
     host = view.host_rows
@@ -292,12 +324,12 @@ def _is_comm(name: str) -> bool:
     return name.startswith(COMM_PREFIXES)
 
 
-def _flags(categories: pd.Index, test: Callable[[str], bool]) -> np.ndarray:
+def _flags(categories: pd.Index | np.ndarray, test: Callable[[str], bool]) -> np.ndarray:
     """``test`` of each category, plus a trailing False for code -1 (missing)."""
-    return np.array([test(str(c)) for c in categories.to_numpy()] + [False], dtype=bool)
+    return np.array([test(str(c)) for c in np.asarray(categories, dtype=object)] + [False], dtype=bool)
 
 
-def _host_comm_calls_and_compute(view: k.DeviceView) -> tuple[np.ndarray, Intervals]:
+def _host_comm_calls_and_compute(view: k.EventView) -> tuple[np.ndarray, Intervals]:
     """A CPU rank's gloo calls (positions among the view's events) and its merged compute."""
     host = view.host_rows
     name_codes, names = view.codes("name", host)
@@ -345,7 +377,7 @@ def _inside(x: np.ndarray, merged_intervals: Intervals) -> np.ndarray:
     return result
 
 
-def _step_windows(view: k.DeviceView) -> dict[int, tuple[float, float]]:
+def _step_windows(view: k.EventView) -> dict[int, tuple[float, float]]:
     """(first start, last end) of each ProfilerStep on the host."""
     host = view.host_rows
     codes, categories = view.codes("name", host)
@@ -371,7 +403,7 @@ def _step_of(ts: np.ndarray, windows: dict[int, tuple[float, float]]) -> np.ndar
 
 
 def _launch_steps(
-    view: k.DeviceView, rows: np.ndarray, windows: dict[int, tuple[float, float]]
+    view: k.EventView, rows: np.ndarray, windows: dict[int, tuple[float, float]]
 ) -> np.ndarray:
     """The step of each device call: that of the host event that launched it, else its own start."""
     host = view.host_rows

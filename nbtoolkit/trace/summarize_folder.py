@@ -6,7 +6,10 @@ RankFolderTrace answers from the summary this returns); called directly it also 
 
 Each rank's trace is parsed in a worker process (at most one per core: parsing is CPU-bound
 and holds the GIL), summarized there (:func:`~nbtoolkit.trace.summarize_rank.summarize_trace`:
-overlap by rank and step, steps, spans) and only the summary, a few KB, comes back. The
+overlap by rank and step, steps, spans) and only the summary, a few KB, comes back. Without a
+cache to write or critical paths to find, the worker summarizes with numpy alone
+(:mod:`nbtoolkit.trace.summarize_rank_lean`: the same records, several times faster, and the
+worker never imports pandas); a file that path does not read goes through the pandas path. The
 parent never holds the events of more than the ranks a worker is reading, so its memory does
 not grow with the number of ranks; the workers' peak is that of the largest rank file.
 
@@ -271,11 +274,16 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool, bool]], workers: int) -> 
     results: list[list[RankOutcome] | None] = [None] * len(chunks)
     context = _context()
     if context.get_start_method() == "fork":
-        # the reader, imported before the fork so the workers share it
-        import nbtoolkit.trace.kineto  # noqa: F401
+        # the readers, imported before the fork so the workers share them
+        import nbtoolkit.trace.kineto
+        import nbtoolkit.trace.summarize_rank_lean  # noqa: F401
     caching = any(job[1] for job in jobs)
+    uses_pandas = caching or any(job[3] for job in jobs)
     pool = ProcessPoolExecutor(
-        max_workers=max(1, workers - 1), mp_context=context, initializer=_lean_worker, initargs=(caching,)
+        max_workers=max(1, workers - 1),
+        mp_context=context,
+        initializer=_lean_worker,
+        initargs=(caching, uses_pandas),
     )
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
@@ -300,17 +308,21 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool, bool]], workers: int) -> 
     return [o for part in results if part for o in part]
 
 
-def _lean_worker(caching: bool) -> None:
-    """Keep pyarrow out of a worker that only summarizes: a third of its memory (~35 of ~120 MB).
+def _lean_worker(caching: bool, uses_pandas: bool = True) -> None:
+    """Keep pyarrow out of a worker that summarizes with pandas only: a third of its memory (~35 of ~120 MB).
 
-    pandas 3 imports pyarrow when it is installed (for its string columns) and falls back to
-    Python strings without it; a summary holds no string column that needs pyarrow, and the
-    numbers are the same (tests/trace/test_scale.py). A worker that writes the Parquet cache
-    needs it; so does one forked after the parent imported pandas (it has it already).
+    Workers that neither cache nor find critical paths summarize without pandas (the lean path:
+    nothing to keep out). Those that find critical paths build frames: pandas 3 imports pyarrow
+    when it is installed (for its string columns) and falls back to Python strings without it;
+    a summary holds no string column that needs pyarrow, and the numbers are the same
+    (tests/trace/test_scale.py). A worker that writes the Parquet cache needs it; so does one
+    forked after the parent imported pandas (it has it already).
     """
     import sys
 
-    if not caching and "pandas" not in sys.modules and "pyarrow" not in sys.modules:
+    if not uses_pandas or caching:
+        return
+    if "pandas" not in sys.modules and "pyarrow" not in sys.modules:
         sys.modules["pyarrow"] = None  # type: ignore[assignment]  # import pyarrow -> ImportError
 
 
@@ -366,6 +378,10 @@ def _summarize_one(
         cached = read_summary(folder, key, include_last_step, damaged)
         if cached is not None and (not critical_path or "critical_path" in cached):
             return RankOutcome(file, cached)
+    if folder is None and not critical_path:
+        outcome = _summarize_lean(path, include_last_step)
+        if outcome is not None:
+            return outcome
     try:
         trace = load_rank_file(path)
     except NotATrace as exc:
@@ -381,6 +397,24 @@ def _summarize_one(
         note = f"the cached summary {damaged[0]}; read {path.name} again"
         records = {**records, "notes": [*records["notes"], note]}
     return RankOutcome(file, records)
+
+
+def _summarize_lean(path: Path, include_last_step: bool) -> RankOutcome | None:
+    """The rank's outcome by the lean path (same records, same errors as the pandas path's);
+    None for a file only the pandas path reads (``LeanUnsupported``).
+    """
+    from nbtoolkit.trace._kineto_json import NotATrace
+    from nbtoolkit.trace.summarize_rank_lean import LeanUnsupported, summarize_rank_file
+
+    file = str(path)
+    try:
+        return RankOutcome(file, summarize_rank_file(path, include_last_step=include_last_step))
+    except LeanUnsupported:
+        return None
+    except NotATrace as exc:
+        return RankOutcome(file, None, "not-a-trace", str(exc))
+    except TraceError as exc:
+        return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
 
 
 def _reason(message: str, file: str) -> str:
