@@ -50,3 +50,23 @@ def test_cpu_peak_counts_growth_from_the_first_memory_event_in_time() -> None:
     others = [e for e in doc["traceEvents"] if e is not late]
     reordered = gzip.compress(json.dumps({**doc, "traceEvents": [late, *others]}).encode())
     assert _peak_bytes({"trace_gz": reordered, "state_bytes": state, "peak_bytes": 0}) == as_recorded
+
+
+def _step_with_a_collective_copy() -> None:
+    """Holds 4 MiB; inside a collective (as gloo's reduce-scatter does) 2 MiB more is made, still
+    alive when 1 MiB is then allocated outside it: 7 MiB counting the copy, 5 without."""
+    import torch
+
+    held = torch.ones(MIB)
+    with torch.profiler.record_function("c10d::_reduce_scatter_base_"):
+        copy = torch.ones(MIB // 2)
+    transient = torch.ones(MIB // 4)
+    del transient, copy, held
+
+
+def test_cpu_peak_leaves_out_what_a_collective_allocates() -> None:
+    from nbtoolkit.capacity.verify import _peak_bytes
+    from nbtoolkit.cluster.rank_tools import profile_to_bytes
+
+    profiled = profile_to_bytes(_step_with_a_collective_copy, steps=1, warmup=0, profile_memory=True)
+    assert _peak_bytes({"trace_gz": profiled["trace_gz"], "state_bytes": 0, "peak_bytes": 0}) == 5 * MIB
