@@ -7,8 +7,9 @@ the prediction *before* the allocator margin (CPU ranks have no caching allocato
 context: the margin is for GPUs), and for DDP without its reducer's buckets: they are allocated by
 C++ when DDP is built, before the measured steps, and no Python object holds them, so the CPU
 measurement (live Python tensors, then the profiler's allocations) cannot see them; on GPUs the
-allocator does. Rows in bf16 are refused: the CPU ranks' steps run in the
-model's own precision, as the integrations do.
+allocator does. What gloo allocates inside a collective (CPU-only copies, alive for as long as
+the other ranks take to arrive) is not counted either. Rows in bf16 are refused: the CPU ranks'
+steps run in the model's own precision, as the integrations do.
 """
 
 from __future__ import annotations
@@ -74,15 +75,45 @@ def _peak_bytes(result: dict[str, Any]) -> int:
     import gzip
     import json
 
-    events = [
-        e["args"] for e in json.loads(gzip.decompress(result["trace_gz"])).get("traceEvents", [])
-        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
-    ]
+    trace = json.loads(gzip.decompress(result["trace_gz"])).get("traceEvents", [])
+    # in time order: the trace lists events thread by thread (the main thread, autograd's, gloo's,
+    # DeepSpeed's), so the first one in the file may come late in the step, and the running total
+    # before it includes whatever the step held then (3.09 MiB, the whole parameters, on ZeRO-3's
+    # ViT: a peak that low by as much)
+    events = sorted(
+        (e for e in trace if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0),
+        key=lambda e: float(e.get("ts", 0)),
+    )
     if not events:  # a GPU rank (profiled without memory events: its peak is the allocator's)
         return int(result["peak_bytes"])
-    start = int(events[0].get("Total Allocated", 0)) - int(events[0].get("Bytes", 0))
-    growth = max(0, *(int(e.get("Total Allocated", 0)) - start for e in events))
+    collectives = _collective_spans(trace)
+    start = int(events[0]["args"].get("Total Allocated", 0)) - int(events[0]["args"].get("Bytes", 0))
+    staging: dict[Any, int] = {}  # gloo's own copies alive: address -> bytes
+    growth = 0
+    for event in events:
+        args = event["args"]
+        size, address = int(args.get("Bytes", 0)), args.get("Addr")
+        if size > 0 and any(a <= float(event.get("ts", 0)) <= b
+                            for a, b in collectives.get(event.get("tid"), ())):
+            staging[address] = size
+        elif size < 0:
+            staging.pop(address, None)
+        growth = max(growth, int(args.get("Total Allocated", 0)) - start - sum(staging.values()))
     return int(result["state_bytes"]) + growth
+
+
+def _collective_spans(trace: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float]]]:
+    """(start, end) of each collective (``c10d::`` op) by thread. What gloo allocates inside one
+    (the input a reduce-scatter clones, an all-gather's staging buffer) is CPU-only and lives until
+    gloo's thread finishes the collective, which depends on when the other ranks arrive: on the MLP
+    stack's FSDP2 rows a reduce-scatter's 2 MiB clone was alive at the peak in some runs and not in
+    others. NCCL works in the buffers it is given, so those copies are not counted."""
+    spans: dict[Any, list[tuple[float, float]]] = {}
+    for e in trace:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("c10d::"):
+            begin = float(e.get("ts", 0))
+            spans.setdefault(e.get("tid"), []).append((begin, begin + float(e.get("dur", 0))))
+    return spans
 
 
 def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:

@@ -28,16 +28,15 @@ from tests.capacity._fit_models import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.deepspeed]
 
-#: the issue's bound on |predicted - measured| / measured. FSDP2 is held to 15%: its measured peak
-#: moves from run to run on CPU ranks (its gathers and reduce-scatters run on gloo's threads, so when
-#: each buffer is freed depends on timing), and its rows are the least settled of the model: the
-#: HF decoder with 2 of 4 blocks recomputed measured 14% under the prediction in one run, its
-#: rows without and with every block recomputed 5.5% and 1.5%.
-TOLERANCE = {"ddp": 0.10, "zero1": 0.10, "zero2": 0.10, "zero3": 0.10, "fsdp2": 0.15}
-#: an open gap, held to 15% until it is found: every parameter of the small ViT is under DeepSpeed's
-#: persistence threshold (1e5 elements), so ZeRO-3 partitions none of them, and its measured peak
-#: with every block recomputed came out 6.7% (2 ranks) and 12.5% (4 ranks) under the prediction
-OPEN_GAPS = {("vit", "zero3"): 0.15}
+#: the issue's bound on |predicted - measured| / measured, for every strategy. Two rows once needed
+#: 15%. Both came from verify reading the CPU peak's baseline at the trace's first memory event in
+#: file order (events are listed thread by thread, so that was a later thread's, and the baseline
+#: was off by what the step held then): the ViT's ZeRO-3 rows read 3.09 MiB low, and FSDP2's peaks
+#: moved with gloo's timing (the HF decoder's 2-block row read 14% under in one run). With the
+#: baseline in time order, two prediction gaps showed and were closed in strategies.py (ZeRO-3's
+#: partitions of persistent parameters; FSDP2's previous reduce-scatter input), and gloo's own
+#: copies inside collectives, alive or not at the peak depending on the other ranks, are left out.
+TOLERANCE = 0.10
 
 #: model function, batch function, micro-batch, loss (None: the integrations' default)
 MODELS: dict[str, tuple[Callable[[], Any], Callable[[int], Any], int, Any]] = {
@@ -91,8 +90,7 @@ def test_predicted_peak_within_10_percent_of_measured(cluster: Any, model: str) 
     print(model, world, verification)
     for _, row in verification.frame.iterrows():
         where = (model, world, row["strategy"], row["recompute"], row["recomputed_blocks"], row["error"])
-        bound = OPEN_GAPS.get((model, row["strategy"]), TOLERANCE[row["strategy"]])
-        assert abs(row["error"]) < bound, where
+        assert abs(row["error"]) < TOLERANCE, where
         assert len(row["measured_per_rank"]) == world
 
 
