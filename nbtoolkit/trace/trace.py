@@ -383,14 +383,36 @@ class StragglerReport(Result):
             f"the median (threshold {self.threshold_pct:g} %)"
         )
 
+    def _shown(self) -> tuple[pd.DataFrame, str]:
+        """The rows a display lists, and the line that says which: every rank of a small job, in
+        rank order; of a large one the slowest ranks first (in rank order, rank 129 of 256 was
+        below the 64 rows an HTML table shows, and 4,096 rows of text bury the answer)."""
+        table = self.table
+        if len(table) <= _RANKS_LISTED_WHOLE:
+            return table, ""
+        slowest = table.sort_values(["slowdown_pct", "rank"], ascending=[False, True], kind="stable")
+        return slowest.head(_SLOWEST_LISTED), (
+            f"the {_SLOWEST_LISTED} slowest of {len(table):,} ranks, slowest first "
+            "(report.table has every rank, in rank order)"
+        )
+
     def _text(self) -> str:
-        shown = self.table.round(3).to_string(index=False)
-        return self._headline() + "\n" + shown
+        shown, which = self._shown()
+        lines = [self._headline(), *([which] if which else []), shown.round(3).to_string(index=False)]
+        return "\n".join(lines)
 
     def _html(self) -> str:
-        return f"<p><b>{escape(self._headline())}</b></p>" + html_table(
-            self.table, max_rows=64, float_format="{:,.3f}"
+        shown, which = self._shown()
+        return (
+            f"<p><b>{escape(self._headline())}</b></p>"
+            + (f"<p>{escape(which)}</p>" if which else "")
+            + html_table(shown, max_rows=_RANKS_LISTED_WHOLE, float_format="{:,.3f}")
         )
+
+
+#: a straggler report lists every rank up to this many; above, the slowest ranks
+_RANKS_LISTED_WHOLE = 32
+_SLOWEST_LISTED = 12
 
 
 def _short(name: str, width: int = 90) -> str:

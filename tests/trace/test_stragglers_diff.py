@@ -59,3 +59,27 @@ def test_compare_needs_traces(real_data):
         nbt.compare(trace, 5)
     with pytest.raises(nbt.TraceError, match=r"after\.json: no such file"):  # a path is loaded
         nbt.compare(trace, "after.json")
+
+
+def test_a_large_jobs_report_lists_its_slowest_ranks_first(tmp_path, gloo_trace_folder):
+    """Above 32 ranks the text and the HTML list the 12 slowest ranks, slowest first: in rank order
+    a straggler past row 64 was missing from the HTML table, and 4,096 rows of text bury it."""
+    from nbtoolkit.trace.scale_set import write_scale_set
+
+    made = write_scale_set(gloo_trace_folder, tmp_path / "set", ranks=40, straggler=37)
+    report = nbt.stragglers(nbt.load_trace(made.path, workers=1))
+    table = report.table
+    assert list(table["rank"]) == list(range(40))  # the frame keeps every rank, in rank order
+    assert report.slowest_rank == 37 and report.has_straggler
+    text = repr(report).splitlines()
+    assert "the 12 slowest of 40 ranks, slowest first" in text[1]
+    assert len(text) == 3 + 12 and text[3].split()[0] == "37"  # headline, which, header, 12 rows
+    listed = [int(line.split()[0]) for line in text[3:]]
+    expected = table.sort_values(["slowdown_pct", "rank"], ascending=[False, True])["rank"].head(12)
+    assert listed == list(expected)
+    html = report._repr_html_()
+    assert "12 slowest of 40 ranks" in html and html.count("<tr>") == 1 + 12
+    assert html.index(">37<") < html.index(f">{listed[1]}<")
+    # a small job still lists every rank, in rank order
+    small = nbt.stragglers(nbt.load_trace(gloo_trace_folder))
+    assert "slowest of" not in repr(small) and len(repr(small).splitlines()) == 2 + len(small.table)
