@@ -25,13 +25,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import DEFAULT_STEPS, MeasureConfig
 from nbtoolkit.core.units import DeviceShare, parse_budget
 from nbtoolkit.recompute.amp import AMP_DTYPES
 from nbtoolkit.recompute.apply_compile import compile_options
+
+if TYPE_CHECKING:
+    from nbtoolkit.recompute.plan import RecomputePlan
 
 __all__ = [
     "ENV_BUDGET",
@@ -95,8 +98,10 @@ class OptimizeConfig:
     Attributes:
         compile: False; True (torch.compile defaults); a mode name; or a dict of torch.compile
             options (``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``options``).
-        recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes``); or the
-            module names to checkpoint (kept as a tuple).
+        recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes``); the
+            module names to checkpoint (kept as a tuple); or a
+            :class:`~nbtoolkit.recompute.plan.RecomputePlan` (``nbt.plan_recompute``'s), applied as
+            planned (its per-block choices or partitioner budget too) without planning again.
         budget_bytes: the device's total peak for ``recompute="auto"``: bytes, text like ``"1.5GB"``,
             or on a GPU a share of its memory like ``"90%"``
             (kept as int bytes).
@@ -107,7 +112,7 @@ class OptimizeConfig:
     """
 
     compile: bool | str | dict[str, Any] | None = False
-    recompute: str | tuple[str, ...] | None = None
+    recompute: str | tuple[str, ...] | RecomputePlan | None = None
     budget_bytes: int | DeviceShare | None = None
     amp: str | None = None
     undo: bool = True
@@ -121,10 +126,13 @@ class OptimizeConfig:
         if self.budget_bytes is not None:
             object.__setattr__(self, "budget_bytes", parse_budget(self.budget_bytes))
         recompute = self.recompute
-        wrong = "recompute must be None, 'auto' or a list of module names, got"
+        wrong = "recompute must be None, 'auto', a list of module names or a plan (nbt.plan_recompute), got"
         if isinstance(recompute, str) and recompute != "auto":
             raise NbtUsageError(f"{wrong} {recompute!r}")
-        if recompute is not None and not isinstance(recompute, str):
+        if self.given_plan is not None:
+            if self.budget_bytes is None:  # the budget the plan was made for ("peak under budget")
+                object.__setattr__(self, "budget_bytes", self.given_plan.budget_bytes)
+        elif recompute is not None and not isinstance(recompute, str):
             if not isinstance(recompute, Sequence):
                 raise NbtUsageError(f"{wrong} {type(recompute).__name__}")
             object.__setattr__(self, "recompute", _block_names(recompute))
@@ -142,8 +150,15 @@ class OptimizeConfig:
 
     @property
     def blocks(self) -> list[str] | None:
-        """The module names to checkpoint when given by name (None for ``"auto"`` or no recomputation)."""
+        """The module names to checkpoint when given by name (None for ``"auto"``, a plan or none)."""
         return list(self.recompute) if isinstance(self.recompute, tuple) else None
+
+    @property
+    def given_plan(self) -> RecomputePlan | None:
+        """The plan passed as ``recompute`` (None when names, ``"auto"`` or nothing were)."""
+        from nbtoolkit.recompute.plan import RecomputePlan
+
+        return self.recompute if isinstance(self.recompute, RecomputePlan) else None
 
     @classmethod
     def from_env(cls, *, environ: Mapping[str, str] | None = None, **given: Any) -> OptimizeConfig:

@@ -23,7 +23,7 @@ as it is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtoolkit.core.errors import NbtUsageError
 from nbtoolkit.core.measure_config import MeasureConfig, measure_config
@@ -40,6 +40,9 @@ from nbtoolkit.recompute.handle import Applied
 from nbtoolkit.recompute.measure import Progress, check_step
 from nbtoolkit.recompute.paired_measure import PairedMeasure, StageProgress
 from nbtoolkit.recompute.planner import plan_recompute
+
+if TYPE_CHECKING:
+    from nbtoolkit.recompute.plan import RecomputePlan
 
 __all__ = ["config_from_arguments", "optimize"]
 
@@ -76,7 +79,7 @@ def optimize(
     step: Any = None,
     *,
     compile: bool | str | dict[str, Any] = False,
-    recompute: str | Sequence[str] | None = None,
+    recompute: str | Sequence[str] | RecomputePlan | None = None,
     budget_bytes: int | float | str | None = None,
     amp: str | None = None,
     steps: int | None = None,
@@ -94,8 +97,9 @@ def optimize(
         compile: False; True (torch.compile defaults); a mode name; or a dict of torch.compile
             options (``mode``, ``fullgraph``, ``dynamic``, ``backend``, ``options``).
         recompute: None (no checkpointing); ``"auto"`` (plan under ``budget_bytes`` with
-            :func:`~nbtoolkit.recompute.planner.plan_recompute`); or a list of module names
-            to checkpoint.
+            :func:`~nbtoolkit.recompute.planner.plan_recompute`); a list of module names
+            to checkpoint; or a plan ``plan_recompute`` returned, applied as it is (no planning
+            again: "auto" plans afresh from newly timed costs, and may pick another set within noise).
         budget_bytes: the device's total peak for ``recompute="auto"`` (bytes, ``"1.5GB"``, or on a
             GPU a share such as ``"90%"``): parameters, gradients and optimizer state count.
         amp: None, ``"bf16"`` or ``"fp16"`` (autocast around the forward).
@@ -152,7 +156,10 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     names = config.blocks
     if names is not None:
         resolve_blocks(module, names)  # fail before measuring anything
-    auto = config.recompute == "auto"
+    given = config.given_plan
+    if given is not None and (given.choices or given.blocks):
+        resolve_blocks(module, list(given.choices) or list(given.blocks))  # a plan of this model?
+    auto = isinstance(config.recompute, str) and config.recompute == "auto"
     budget: Any = config.budget_bytes  # bytes, or a share of the device until the plan resolves it
     compile_opts = config.compile_options
     measure = config.measure
@@ -166,9 +173,18 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     )
     initial_state = _copy_state(module)
     pair = PairedMeasure(step, measure, stages, restore_weights=lambda: _restore_state(module, initial_state))
-    plan = None
+    plan = given
     applied = Applied()
     notes: list[str] = []
+    if given is not None:
+        names = [b for b, c in given.choices.items() if c != "keep"] if given.choices else list(given.blocks)
+        if (given.backend == "eager") != (compile_opts is None):
+            # the compiler's partitioner decides again what to save: the plan's peak may not hold
+            notes.append(
+                f"the plan was measured under {given.backend} and is applied "
+                f"{'under torch.compile' if compile_opts is not None else 'in eager mode'}: its predicted "
+                "peak may not hold; plan with the same compile setting (plan_recompute(..., compile=...))"
+            )
     try:
         pair.warm_before(module)
         # the model's own checkpointing as the user runs it: read after the warm-up, where a training
@@ -227,7 +243,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
             "wins while applied; undo turns the model's own back on)"
         )
     after_total = after.total_peak_bytes if after.total_peak_bytes is not None else after.peak_bytes
-    if budget is not None and auto and after_total > budget:
+    if budget is not None and (auto or given is not None) and after_total > budget:
         notes.append(
             f"measured total peak {format_bytes(after_total)} is over the budget {format_bytes(budget)} "
             "with all changes applied (compile/AMP change memory too)"

@@ -59,6 +59,34 @@ def test_optimize_recompute_auto_meets_budget_and_restores(budget: int) -> None:
     assert "checkpoint" in repr(cmp)
 
 
+@pytest.mark.slow
+def test_a_plan_is_applied_as_planned_without_planning_again(budget: int) -> None:
+    """optimize(recompute=plan) applies the plan shown (recompute="auto" plans afresh from newly
+    timed costs and may pick another set within noise): no planning run, the plan's blocks applied,
+    its budget the one "peak under budget" reads; a plan of another model is refused first."""
+    model, step = make_gpt(hidden=HIDDEN)
+    plan = nbt.plan_recompute(model, step, budget, steps=1)
+    assert plan.blocks
+    seen: list[tuple[int, int, str]] = []
+    cmp = optimize(model, step, recompute=plan, steps=2, config=nbt.MeasureConfig(warmup=1),
+                   progress=lambda d, t, w: seen.append((d, t, w)))
+    assert cmp.plan is plan and cmp.after.config["recompute"] == list(plan.blocks)
+    assert not any("planning" in w for _, _, w in seen)
+    assert cmp.after.total_peak_bytes is not None and cmp.after.total_peak_bytes <= budget
+    assert f"checkpoint {len(plan.blocks)} block(s): {', '.join(plan.blocks)}" in repr(cmp)
+    assert _untouched(model)
+    # measured in eager mode, applied under torch.compile: said, since the partitioner decides again
+    compiled = optimize(model, step, recompute=plan, compile=True, steps=1,
+                        config=nbt.MeasureConfig(warmup=1, memory=False, metrics=False))
+    assert any("measured under eager" in n for n in compiled.notes)
+    smaller, smaller_step = make_gpt(hidden=HIDDEN[:1])  # one block: the plan's others are not in it
+    missing = sorted(set(plan.blocks) - {name for name, _ in smaller.named_modules()})
+    assert missing
+    with pytest.raises(NbtUsageError, match=missing[0].replace(".", r"\.")):
+        optimize(smaller, smaller_step, recompute=plan, steps=1)
+    assert _untouched(smaller)
+
+
 def test_env_switch_picks_the_plan(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
     monkeypatch.setenv("NBTOOLKIT_RECOMPUTE", "auto")
     monkeypatch.setenv("NBTOOLKIT_MEMORY_BUDGET", f"{budget / 2**20:.4f}MiB")
