@@ -95,22 +95,21 @@ def time_and_profile_on_rank(
 
 
 def cpu_peak_growth_bytes(trace_gz: bytes) -> int | None:
-    """How far a CPU rank's allocations rose above where they stood when profiling started: the
-    highest growth of the profiler's "Total Allocated" over the profiled steps, read from their
-    gzipped trace (``profile_memory=True``). None when the trace has no CPU memory events (a GPU
-    rank, whose peak is the allocator's).
+    """How far a CPU rank's memory rose above where it stood when profiling started, read from the
+    profiled steps' gzipped trace (``profile_memory=True``): the highest sum over time of the bytes
+    allocated during the session and not yet freed. None when the trace has no CPU memory events (a
+    GPU rank, whose peak is the allocator's).
 
     The one rule every cluster memory measurement on CPU ranks uses (sweeps, ``nbt.fit``'s verify):
 
-    - growth, not the absolute total: "Total Allocated" is a process-wide running count that never
-      hears of frees of what an earlier profiling session allocated, so it drifts up from one
-      configuration to the next on the same ranks (+10 MiB a row on the MLP stack). It is counted
-      from its value before this session's first event.
-    - that first event in time, not in the file: the trace lists events thread by thread (the main
-      thread, autograd's, gloo's, DeepSpeed's), so the first one in the file may come late in the
-      step, and the total before it includes whatever the step held then (ZeRO-3's ViT read its
-      whole parameters, 3.09 MiB, low).
-    - without what gloo allocates inside a collective (:func:`_collective_spans`).
+    - the session's own allocations, tracked address by address, not the profiler's "Total
+      Allocated": that is a process-wide running count that drifts up from one configuration to
+      the next on the same ranks (+10 MiB a row on the MLP stack), and within a session it keeps
+      every allocation whose free the trace lacks.
+    - in time order, not file order: the trace lists events thread by thread (the main thread,
+      autograd's, gloo's, DeepSpeed's), so the first one in the file may come late in the step.
+    - without gloo's own buffers (:func:`_collective_buffers`): what it allocates inside a
+      collective, and what it releases on a thread the profiler does not record.
     """
     import gzip
     import json
@@ -122,30 +121,62 @@ def cpu_peak_growth_bytes(trace_gz: bytes) -> int | None:
     )
     if not events:
         return None
-    collectives = _collective_spans(trace)
-    start = int(events[0]["args"].get("Total Allocated", 0)) - int(events[0]["args"].get("Bytes", 0))
-    staging: dict[Any, int] = {}  # gloo's own copies alive: address -> bytes
-    growth = 0
-    for event in events:
-        args = event["args"]
-        size, address, at = int(args.get("Bytes", 0)), args.get("Addr"), float(event.get("ts", 0))
-        if size > 0 and any(a <= at <= b for a, b in collectives.get(event.get("tid"), ())):
-            staging[address] = size
-        elif size < 0:
-            staging.pop(address, None)
-        growth = max(growth, int(args.get("Total Allocated", 0)) - start - sum(staging.values()))
-    return growth
+    left_out = _collective_buffers(trace, events)
+    alive: dict[Any, int] = {}  # address -> bytes counted, of the session's allocations not yet freed
+    now = peak = 0
+    for index, event in enumerate(events):
+        size, address = int(event["args"].get("Bytes", 0)), event["args"].get("Addr")
+        if size > 0:
+            counted = 0 if index in left_out else size
+            alive[address] = counted
+            now += counted
+        elif address in alive:
+            now -= alive.pop(address)
+        else:  # the free of something allocated before profiling started
+            now += size
+        peak = max(peak, now)
+    return peak
 
 
-def _collective_spans(trace: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float]]]:
-    """(start, end) of each collective (``c10d::`` op) by thread. What gloo allocates inside one
-    (the input a reduce-scatter clones, an all-gather's staging buffer) is CPU-only and lives until
-    gloo's thread finishes the collective, which depends on when the other ranks arrive: on the MLP
-    stack's FSDP2 rows a reduce-scatter's 2 MiB clone was alive at the peak in some runs and not in
-    others. NCCL works in the buffers it is given, so those copies are not counted."""
+def _collective_buffers(trace: list[dict[str, Any]], events: list[dict[str, Any]]) -> set[int]:
+    """The indices (into ``events``, the memory events in time order) of the allocations that are
+    gloo's buffers, whose lifetime depends on when the other ranks arrive, not on the step; NCCL
+    works in the buffers it is given, so on GPUs there is nothing like them to count:
+
+    - made inside a collective (a ``c10d::`` op, or gloo's own ``gloo:`` spans on its threads) on
+      the same thread: the input a reduce-scatter clones, an all-gather's staging buffer. On the
+      MLP stack's FSDP2 rows a reduce-scatter's 2 MiB clone was alive at the peak in some runs and
+      not in others.
+    - never freed in the trace: their address is handed out again with no free in between, or
+      they are still held at the end. A buffer handed to a collective (FSDP2's all-gather output)
+      is freed by whichever of the main thread and gloo's lets go last; when it is gloo's, the
+      free is on a thread the profiler does not record, and the buffer seemed to live on: FSDP2's
+      "reshard" row on the MLP stack read 7.08, 8.08 or 9.08 MiB above its state, 7.08 whenever
+      every free was recorded. Still held at the end also covers what the last step keeps for the
+      next (ZeRO-3's prefetched parameters): with two or more profiled steps, the earlier steps'
+      copies of the same allocations are counted until their recorded frees, so only a session of
+      one step keeps counting them to the end.
+    """
     spans: dict[Any, list[tuple[float, float]]] = {}
+    steps = 0
     for e in trace:
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("c10d::"):
+        name = str(e.get("name", ""))
+        if e.get("ph") == "X" and name.startswith(("c10d::", "gloo:")):
             begin = float(e.get("ts", 0))
             spans.setdefault(e.get("tid"), []).append((begin, begin + float(e.get("dur", 0))))
-    return spans
+        steps += name.startswith("ProfilerStep#")
+    left_out: set[int] = set()
+    unfreed: dict[Any, int] = {}  # address -> index of its allocation, until its free
+    for index, event in enumerate(events):
+        size, address, at = int(event["args"].get("Bytes", 0)), event["args"].get("Addr"), float(event["ts"])
+        if size > 0:
+            if any(a <= at <= b for a, b in spans.get(event.get("tid"), ())):
+                left_out.add(index)
+            if address in unfreed:  # allocated again: its earlier allocation was freed unrecorded
+                left_out.add(unfreed[address])
+            unfreed[address] = index
+        else:
+            unfreed.pop(address, None)
+    if steps >= 2:
+        left_out.update(unfreed.values())
+    return left_out
