@@ -7,8 +7,8 @@ the prediction *before* the allocator margin (CPU ranks have no caching allocato
 context: the margin is for GPUs), and for DDP without its reducer's buckets: they are allocated by
 C++ when DDP is built, before the measured steps, and no Python object holds them, so the CPU
 measurement (live Python tensors, then the profiler's allocations) cannot see them; on GPUs the
-allocator does. What gloo allocates inside a collective (CPU-only copies, alive for as long as
-the other ranks take to arrive) is not counted either: the rule every CPU rank's peak follows,
+allocator does. gloo's own buffers (CPU-only copies, alive for as long as the other ranks take
+to arrive) are not counted either: the rule every CPU rank's peak follows,
 :func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`. Rows in bf16 are refused: the CPU ranks'
 steps run in the model's own precision, as the integrations do.
 """

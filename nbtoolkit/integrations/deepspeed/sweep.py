@@ -24,7 +24,7 @@ What the sweep measures, per configuration, on every rank:
   collector finds, each storage counted once, minus those alive before the model was
   built: parameters, gradients, optimizer state, DeepSpeed's flat buffers) plus the
   highest the profiler's allocations rise during the profiled steps above where they stood when
-  profiling started, leaving out gloo's own copies inside collectives
+  profiling started, leaving out gloo's own buffers
   (:func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`). The largest rank is reported.
 """
 
