@@ -7,8 +7,9 @@ the prediction *before* the allocator margin (CPU ranks have no caching allocato
 context: the margin is for GPUs), and for DDP without its reducer's buckets: they are allocated by
 C++ when DDP is built, before the measured steps, and no Python object holds them, so the CPU
 measurement (live Python tensors, then the profiler's allocations) cannot see them; on GPUs the
-allocator does. What gloo allocates inside a collective (CPU-only copies, alive for as long as
-the other ranks take to arrive) is not counted either. Rows in bf16 are refused: the CPU ranks'
+allocator does. gloo's own buffers (CPU-only copies, alive for as long as the other ranks take
+to arrive) are not counted either: the rule every CPU rank's peak follows,
+:func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`. Rows in bf16 are refused: the CPU ranks'
 steps run in the model's own precision, as the integrations do.
 """
 
@@ -65,57 +66,6 @@ class Verification(Result):
                 f"{html_table(self._display())}</div>")
 
 
-def _peak_bytes(result: dict[str, Any]) -> int:
-    """A rank's peak as :func:`~nbtoolkit.integrations.rank_measure.time_and_profile_on_rank` measures
-    it (GPU: the allocator's peak; CPU: live tensors when profiling starts plus the profiler's
-    highest "Total Allocated"), with one correction on CPU: that total is a process-wide running
-    count that never hears of frees of what an earlier profiling session allocated, so it drifts up
-    from one configuration to the next on the same ranks (+10 MiB a row on the MLP stack). Here the
-    growth is counted from its value before this session's first event, read from the same trace."""
-    import gzip
-    import json
-
-    trace = json.loads(gzip.decompress(result["trace_gz"])).get("traceEvents", [])
-    # in time order: the trace lists events thread by thread (the main thread, autograd's, gloo's,
-    # DeepSpeed's), so the first one in the file may come late in the step, and the running total
-    # before it includes whatever the step held then (3.09 MiB, the whole parameters, on ZeRO-3's
-    # ViT: a peak that low by as much)
-    events = sorted(
-        (e for e in trace if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0),
-        key=lambda e: float(e.get("ts", 0)),
-    )
-    if not events:  # a GPU rank (profiled without memory events: its peak is the allocator's)
-        return int(result["peak_bytes"])
-    collectives = _collective_spans(trace)
-    start = int(events[0]["args"].get("Total Allocated", 0)) - int(events[0]["args"].get("Bytes", 0))
-    staging: dict[Any, int] = {}  # gloo's own copies alive: address -> bytes
-    growth = 0
-    for event in events:
-        args = event["args"]
-        size, address = int(args.get("Bytes", 0)), args.get("Addr")
-        if size > 0 and any(a <= float(event.get("ts", 0)) <= b
-                            for a, b in collectives.get(event.get("tid"), ())):
-            staging[address] = size
-        elif size < 0:
-            staging.pop(address, None)
-        growth = max(growth, int(args.get("Total Allocated", 0)) - start - sum(staging.values()))
-    return int(result["state_bytes"]) + growth
-
-
-def _collective_spans(trace: list[dict[str, Any]]) -> dict[Any, list[tuple[float, float]]]:
-    """(start, end) of each collective (``c10d::`` op) by thread. What gloo allocates inside one
-    (the input a reduce-scatter clones, an all-gather's staging buffer) is CPU-only and lives until
-    gloo's thread finishes the collective, which depends on when the other ranks arrive: on the MLP
-    stack's FSDP2 rows a reduce-scatter's 2 MiB clone was alive at the peak in some runs and not in
-    others. NCCL works in the buffers it is given, so those copies are not counted."""
-    spans: dict[Any, list[tuple[float, float]]] = {}
-    for e in trace:
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("c10d::"):
-            begin = float(e.get("ts", 0))
-            spans.setdefault(e.get("tid"), []).append((begin, begin + float(e.get("dur", 0))))
-    return spans
-
-
 def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: int) -> Verification:
     """``fit``: the FitResult (not imported here: it imports this module to verify itself)."""
     import pandas as pd
@@ -154,7 +104,7 @@ def verify_rows(fit: Any, cluster: Any, rows: Sequence[int] | None, *, steps: in
             measure_on_rank, strategy, model_fn, batch_fn, micro_batch=micro, measure=measure,
             loss_fn=loss_fn, blocks=blocks, zero_bucket=bucket,
         ))
-        peaks = [_peak_bytes(r) for r in results]
+        peaks = [int(r["peak_bytes"]) for r in results]
         measured = max(peaks)
         predicted = int(row["predicted_peak_bytes"])
         if strategy == "ddp":

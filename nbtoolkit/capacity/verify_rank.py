@@ -4,7 +4,8 @@ ZeRO stages and FSDP2 run through the project's integrations (the same functions
 send to the ranks); DDP, which no integration wraps, is torch's ``DistributedDataParallel`` here.
 Each returns :func:`~nbtoolkit.integrations.rank_measure.time_and_profile_on_rank`'s numbers, so
 the measured peak is the one every other cluster memory API reports (on CPU ranks: the
-configuration's live tensors plus the profiler's highest allocation during the profiled steps).
+configuration's live tensors plus how far the profiled steps' allocations rose:
+:func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`).
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ What the sweep measures, per configuration, on every rank:
   the tensors this configuration holds when profiling starts (all tensors the garbage
   collector finds, each storage counted once, minus those alive before the model was
   built: parameters, gradients, optimizer state, DeepSpeed's flat buffers) plus the
-  highest "Total Allocated" the profiler reports during the profiled steps (bytes
-  allocated since profiling started). The largest rank is reported.
+  highest the profiler's allocations rise during the profiled steps above where they stood when
+  profiling started, leaving out gloo's own buffers
+  (:func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`). The largest rank is reported.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ what the ZeRO sweep measures, the same way (:mod:`nbtoolkit.integrations.rank_me
 - **communication, exposed communication, overlap**: from a profiler trace of as many more steps,
   :func:`nbtoolkit.comm_comp_overlap` per step, mean over ranks; collective calls of rank 0 per step;
 - **peak memory per rank** (``peak_mb`` the largest, ``peak_mb_per_rank`` each): on GPUs the
-  allocator's peak; on CPUs the configuration's live tensors plus the profiler's highest
-  allocation growth during the profiled steps;
+  allocator's peak; on CPUs the configuration's live tensors plus the highest its allocations
+  rise during the profiled steps, gloo's own buffers left out
+  (:func:`~nbtoolkit.integrations.rank_measure.cpu_peak_growth_bytes`);
 - **noise**: the baseline (first configuration) runs again after the last; its drift and the
   step-time spreads bound which step-time changes are named.
 
