@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -111,14 +110,24 @@ def test_scale_set_written_from_the_gloo_job(gloo_trace_folder: Path, tmp_path: 
     assert len(summarized) == 3  # the truncated rank: the same TraceError from both paths
 
 
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
 def _data_traces() -> list[Path]:
-    root = Path(os.environ.get("NBT_DATA", "")) / "traces"
-    if not os.environ.get("NBT_DATA") or not root.is_dir():
-        return []
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
+    """Every trace of the first local data folder that has them (the locator's: NBT_DATA, then
+    ../shared/fixtures); never downloaded, at collection time."""
+    from nbtoolkit.core.datasets import data_folders
+
+    for folder in data_folders():
+        root = folder / "traces"
+        if root.is_dir():
+            return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(_TRACE_SUFFIXES))
+    return []
 
 
-@pytest.mark.skipif(not _data_traces(), reason="needs the real traces of $NBT_DATA/traces (NBT_DATA unset)")
+@pytest.mark.skipif(
+    not _data_traces(), reason="needs the real traces/ of a data folder (no NBT_DATA, no ../shared/fixtures)"
+)
 @pytest.mark.parametrize("file", _data_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_real_traces(file: Path) -> None:
     _check_file(file)
