@@ -177,7 +177,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
     applied = Applied()
     notes: list[str] = []
     if given is not None:
-        names = [b for b, c in given.choices.items() if c != "keep"] if given.choices else list(given.blocks)
+        names = _applied_blocks(given)
         if (given.backend == "eager") != (compile_opts is None):
             # the compiler's partitioner decides again what to save: the plan's peak may not hold
             notes.append(
@@ -205,9 +205,7 @@ def _optimize(module: Any, step: Any, config: OptimizeConfig, progress: Progress
             )
             stages.done = done_at_start + plan_runs
             budget = plan.budget_bytes  # a share of the device ("90%") is now bytes of it
-            names = list(plan.blocks)
-            if plan.choices or plan.route != "blocks":
-                names = [b for b, c in plan.choices.items() if c != "keep"]
+            names = _applied_blocks(plan)
             if not names and plan.route == "blocks":
                 notes.append(
                     f"the baseline peak {format_bytes(plan.baseline_peak_bytes)} already fits the budget "
@@ -309,3 +307,11 @@ def _restore_state(module: Any, state: dict[str, Any]) -> None:
     with torch.no_grad():
         for name, value in module.state_dict().items():
             value.copy_(state[name])
+
+
+def _applied_blocks(plan: RecomputePlan) -> list[str]:
+    """The blocks a plan changes: its per-block choices other than "keep", or its checkpointed set
+    (none for torch's partitioner budget)."""
+    if plan.choices or plan.route != "blocks":
+        return [b for b, c in plan.choices.items() if c != "keep"]
+    return list(plan.blocks)

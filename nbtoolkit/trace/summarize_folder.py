@@ -278,12 +278,12 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool, bool]], workers: int) -> 
         import nbtoolkit.trace.kineto
         import nbtoolkit.trace.summarize_rank_lean  # noqa: F401
     caching = any(job[1] for job in jobs)
-    uses_pandas = caching or any(job[3] for job in jobs)
+    critical_paths = any(job[3] for job in jobs)
     pool = ProcessPoolExecutor(
         max_workers=max(1, workers - 1),
         mp_context=context,
         initializer=_lean_worker,
-        initargs=(caching, uses_pandas),
+        initargs=(critical_paths and not caching,),
     )
     try:
         futures = [pool.submit(_summarize_chunk, chunk) for chunk in chunks]
@@ -308,7 +308,7 @@ def _read_jobs(jobs: list[tuple[str, str | None, bool, bool]], workers: int) -> 
     return [o for part in results if part for o in part]
 
 
-def _lean_worker(caching: bool, uses_pandas: bool = True) -> None:
+def _lean_worker(keep_pyarrow_out: bool) -> None:
     """Keep pyarrow out of a worker that summarizes with pandas only: a third of its memory (~35 of ~120 MB).
 
     Workers that neither cache nor find critical paths summarize without pandas (the lean path:
@@ -320,9 +320,7 @@ def _lean_worker(caching: bool, uses_pandas: bool = True) -> None:
     """
     import sys
 
-    if not uses_pandas or caching:
-        return
-    if "pandas" not in sys.modules and "pyarrow" not in sys.modules:
+    if keep_pyarrow_out and "pandas" not in sys.modules and "pyarrow" not in sys.modules:
         sys.modules["pyarrow"] = None  # type: ignore[assignment]  # import pyarrow -> ImportError
 
 
@@ -384,10 +382,8 @@ def _summarize_one(
             return outcome
     try:
         trace = load_rank_file(path)
-    except NotATrace as exc:
-        return RankOutcome(file, None, "not-a-trace", str(exc))
-    except TraceError as exc:
-        return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
+    except (NotATrace, TraceError) as exc:
+        return _failed(file, exc)
     records = summarize_trace(
         trace, include_last_step=include_last_step, critical_path=critical_path
     ).to_records()
@@ -411,10 +407,17 @@ def _summarize_lean(path: Path, include_last_step: bool) -> RankOutcome | None:
         return RankOutcome(file, summarize_rank_file(path, include_last_step=include_last_step))
     except LeanUnsupported:
         return None
-    except NotATrace as exc:
+    except (NotATrace, TraceError) as exc:
+        return _failed(file, exc)
+
+
+def _failed(file: str, exc: Exception) -> RankOutcome:
+    """The outcome of a file either reader refused: not a trace (skipped) or corrupt (named)."""
+    from nbtoolkit.trace._kineto_json import NotATrace
+
+    if isinstance(exc, NotATrace):
         return RankOutcome(file, None, "not-a-trace", str(exc))
-    except TraceError as exc:
-        return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
+    return RankOutcome(file, None, "corrupt", _reason(str(exc), file))
 
 
 def _reason(message: str, file: str) -> str:

@@ -151,7 +151,7 @@ WORKER_WITHOUT_PANDAS = """
 import sys
 from nbtoolkit.trace.summarize_folder import _lean_worker, _summarize_chunk
 
-_lean_worker(False, False)
+_lean_worker(False)
 outcomes = _summarize_chunk([(f, None, False, False) for f in sys.argv[1:]])
 assert all(o.records is not None for o in outcomes), outcomes
 assert "pyarrow" not in sys.modules or sys.modules["pyarrow"] is not None, "pyarrow blocked in a lean worker"
